@@ -1,0 +1,31 @@
+"""kvspec's reference paged KV-cache allocator, after vLLM v1's design.
+
+``KVCacheBlock`` (metadata of one block), ``FreeKVCacheBlockQueue`` (the free list,
+whose order is the eviction policy), ``BlockPool`` (allocation, sharing, the
+prefix-cache index), ``hash_block_tokens`` (the parent-chained block hash) and
+``KVCacheManager`` (per-request tables). Misuse raises a ``KVCacheError`` subclass
+from ``kvspec.impl.errors`` and leaves the state unchanged.
+"""
+from .block import BlockHash, KVCacheBlock
+from .block_pool import BlockPool
+from .errors import (
+    DoubleFreeError,
+    ForeignBlockError,
+    HashAlreadySetError,
+    InvalidCountError,
+    KVCacheError,
+    NullBlockError,
+    OutOfBlocksError,
+    PartialBlockError,
+    UnknownRequestError,
+)
+from .free_queue import FreeKVCacheBlockQueue
+from .hashing import HASH_FUNCTIONS, hash_block_tokens, hash_request_tokens, init_none_hash
+from .kv_cache_manager import KVCacheManager, Request
+
+__all__ = [
+    "BlockHash", "KVCacheBlock", "BlockPool", "FreeKVCacheBlockQueue", "KVCacheManager", "Request",
+    "hash_block_tokens", "hash_request_tokens", "init_none_hash", "HASH_FUNCTIONS",
+    "KVCacheError", "DoubleFreeError", "ForeignBlockError", "HashAlreadySetError", "InvalidCountError",
+    "NullBlockError", "OutOfBlocksError", "PartialBlockError", "UnknownRequestError",
+]

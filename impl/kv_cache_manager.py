@@ -1,0 +1,161 @@
+"""KVCacheManager: per-request block tables on top of one BlockPool."""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+from .block import BlockHash, KVCacheBlock
+from .block_pool import BlockPool
+from .errors import InvalidCountError, UnknownRequestError
+from .hashing import HASH_FUNCTIONS, HashFn, hash_block_tokens
+
+
+class Request:
+    """A request's tokens and the chained hashes of its full blocks.
+
+    Hashes are extended as tokens arrive, so ``block_hashes`` always covers exactly
+    the full blocks of ``all_token_ids``.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        block_size: int,
+        hash_fn: HashFn = HASH_FUNCTIONS["sha256"],
+        extra_keys: Optional[tuple] = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.block_size = block_size
+        self.hash_fn = hash_fn
+        self.extra_keys = extra_keys
+        self.num_computed_tokens = 0
+        self.block_hashes: list[BlockHash] = []
+        self._update_hashes()
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def append_output_token_ids(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self._update_hashes()
+
+    def _update_hashes(self) -> None:
+        tokens = self.all_token_ids
+        bs = self.block_size
+        while (len(self.block_hashes) + 1) * bs <= len(tokens):
+            i = len(self.block_hashes)
+            parent = self.block_hashes[-1] if self.block_hashes else None
+            self.block_hashes.append(hash_block_tokens(self.hash_fn, parent, tokens[i * bs:(i + 1) * bs], self.extra_keys))
+
+
+class KVCacheManager:
+    """The interface a scheduler uses: prefix lookup, slot allocation, free."""
+
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        hash_fn: Union[str, HashFn] = "sha256",
+    ) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise InvalidCountError(f"block_size must be an int >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.hash_fn: HashFn = HASH_FUNCTIONS[hash_fn] if isinstance(hash_fn, str) else hash_fn
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
+        # How many leading blocks of each request are already in the index.
+        self.num_cached_block: dict[str, int] = {}
+
+    def make_request(self, request_id: str, prompt_token_ids: Sequence[int]) -> Request:
+        return Request(request_id, prompt_token_ids, self.block_size, self.hash_fn)
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """The longest cached prefix of ``request``, as (blocks, number of tokens).
+
+        At most ``num_tokens - 1`` tokens can hit: the last token must be computed to
+        produce logits, even when the whole prompt is cached. The walk stops at the
+        first miss, because a hit must be contiguous from block 0.
+        """
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Optional[Sequence[KVCacheBlock]] = None,
+    ) -> Optional[list[KVCacheBlock]]:
+        """Make room for ``num_new_tokens`` more tokens; None when memory is short.
+
+        Hits are touched only after the capacity check (a refused request must not
+        keep them: vLLM #11565) and before new blocks are popped (so the pop cannot
+        evict them: vLLM #10507). Newly full blocks are cached; a partial one never.
+        """
+        if num_new_tokens < 0 or num_new_computed_tokens < 0:
+            raise InvalidCountError("token counts must be non-negative")
+        computed = list(new_computed_blocks or [])
+        rid = request.request_id
+        table = self.req_to_blocks.get(rid, [])
+        total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_required = -(-total // self.block_size)
+        num_new_blocks = max(0, num_required - len(table) - len(computed))
+        num_revived = sum(1 for b in computed if b.ref_cnt == 0)
+        if num_new_blocks + num_revived > self.block_pool.get_num_free_blocks():
+            return None
+
+        if rid not in self.req_to_blocks:
+            self.req_to_blocks[rid] = table
+            self.num_cached_block[rid] = 0
+        if computed:
+            self.block_pool.touch(computed)
+            table.extend(computed)
+            self.num_cached_block[rid] = len(table)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks)
+        table.extend(new_blocks)
+
+        if self.enable_caching:
+            num_full = min(total, request.num_tokens) // self.block_size
+            self.block_pool.cache_full_blocks(table, request.block_hashes, self.num_cached_block[rid], num_full)
+            self.num_cached_block[rid] = max(num_full, self.num_cached_block[rid])
+        return new_blocks
+
+    def free(self, request: Request) -> None:
+        """Release a finished or preempted request's blocks.
+
+        Tail blocks are freed first so they are evicted first: the shared prefix
+        blocks stay cached the longest.
+        """
+        rid = request.request_id
+        if rid not in self.req_to_blocks:
+            raise UnknownRequestError(f"request {rid!r} holds no blocks")
+        blocks = self.req_to_blocks.pop(rid)
+        self.num_cached_block.pop(rid, None)
+        self.block_pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()

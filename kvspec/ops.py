@@ -1,0 +1,134 @@
+"""The one vocabulary of operations, shared by the stateful machines, the model
+checker, the repro files, the corpus and the reports.
+
+Two levels (see DESIGN.md). Pool level works on block ids and opaque hash labels;
+cache level works on requests and token lists. Each op is a frozen dataclass whose
+``repr`` is valid Python, so a step list can be pasted into a test file as is.
+Whether an op is a *misuse* is not a property of the op: the reference model
+decides it from the current state (freeing block 3 is fine while it is held).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+
+@dataclass(frozen=True)
+class Op:
+    level: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": type(self).__name__}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            d[f.name] = list(v) if isinstance(v, tuple) else v
+        return d
+
+
+# -- pool level ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Alloc(Op):
+    """get_new_blocks(n): the target returns n block ids, front of the free queue first."""
+    n: int
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class Free(Op):
+    """free_blocks(blocks): one holder fewer for each; the first is evicted first."""
+    blocks: tuple[int, ...]
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class Touch(Op):
+    """touch(blocks): one holder more for each; a free cached block is revived."""
+    blocks: tuple[int, ...]
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class Cache(Op):
+    """cache_full_blocks: register held, full blocks under hash labels."""
+    blocks: tuple[int, ...]
+    hashes: tuple[str, ...]
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class CachePartial(Op):
+    """Misuse: cache blocks of which the last is not full (it has no hash)."""
+    blocks: tuple[int, ...]
+    hashes: tuple[str, ...]  # one fewer than blocks
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class FreeForeign(Op):
+    """Misuse: free a block that belongs to another pool."""
+    block: int
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class Lookup(Op):
+    """get_cached_block(label): a block holding that content, or None."""
+    hash: str
+    level: ClassVar[str] = "pool"
+
+
+@dataclass(frozen=True)
+class Reset(Op):
+    """reset_prefix_cache(): succeeds (True) only when no block is held."""
+    level: ClassVar[str] = "pool"
+
+
+# -- cache level -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Admit(Op):
+    """Schedule a request: prefix lookup, then slots for the rest, or refusal.
+
+    ``prompt`` starts a new request; ``None`` re-admits a waiting one (refused
+    earlier, or preempted, with every token it had).
+    """
+    req: str
+    prompt: Optional[tuple[int, ...]] = None
+    level: ClassVar[str] = "cache"
+
+
+@dataclass(frozen=True)
+class Step(Op):
+    """Decode: append ``token`` to a running request and allocate its slot."""
+    req: str
+    token: int
+    level: ClassVar[str] = "cache"
+
+
+@dataclass(frozen=True)
+class Preempt(Op):
+    """Free a running request's blocks; it waits with all its tokens."""
+    req: str
+    level: ClassVar[str] = "cache"
+
+
+@dataclass(frozen=True)
+class Finish(Op):
+    """Free a request's blocks for good."""
+    req: str
+    level: ClassVar[str] = "cache"
+
+
+POOL_OPS = (Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset)
+CACHE_OPS = (Admit, Step, Preempt, Finish)
+_BY_NAME = {cls.__name__: cls for cls in POOL_OPS + CACHE_OPS}
+
+
+def op_from_dict(d: dict[str, Any]) -> Op:
+    cls = _BY_NAME[d["op"]]
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in d:
+            v = d[f.name]
+            kwargs[f.name] = tuple(v) if isinstance(v, list) else v
+    return cls(**kwargs)

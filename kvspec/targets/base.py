@@ -1,0 +1,60 @@
+"""The adapter interface: how kvspec drives one allocator and reads it back.
+
+A ``Target`` knows how to build a fresh allocator for a ``Config`` and level and
+returns a ``Driver`` for it. The driver translates kvspec's operation vocabulary
+(``kvspec.ops``) into the allocator's API and its internals into one
+``Observation``. Everything above this layer is target-independent.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Config
+from ..observation import Observation
+from ..ops import Op
+
+
+class TargetError(Exception):
+    """A target that cannot be loaded or driven: a usage error (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What a target documents about itself; the reference model follows it."""
+
+    null_block: bool = True
+    # Freed blocks without a hash go to the queue front (vLLM >= 0.11), else all
+    # freed blocks go to the tail.
+    unhashed_free_first: bool = False
+    # The exceptions the target documents for misuse. Empty: no documented defence,
+    # so misuse findings are robustness findings, not violations.
+    misuse_errors: tuple[type[BaseException], ...] = ()
+    levels: tuple[str, ...] = ("pool", "cache")
+
+
+class Driver(ABC):
+    """One live allocator instance."""
+
+    @abstractmethod
+    def apply(self, op: Op) -> Any:
+        """Run ``op``. Returns: Alloc -> tuple of block ids; Lookup -> block id or
+        None; Reset -> bool; Admit -> hit tokens or None when refused; Step -> bool
+        (False when refused); others -> None. Target exceptions propagate."""
+
+    @abstractmethod
+    def observe(self) -> Observation:
+        """The normalized state, read from the allocator's internals."""
+
+
+class Target(ABC):
+    name: str = "?"
+    traits: Traits = Traits()
+
+    @abstractmethod
+    def driver(self, config: Config) -> Driver:
+        """A fresh allocator for ``config`` (``config.level`` picks the API level)."""
+
+    def describe(self) -> str:
+        return self.name

@@ -1,0 +1,60 @@
+"""Import a patched *copy* of a package, leaving the installed files untouched.
+
+The package directory is copied to a temporary directory, the diff is applied to
+the copy, and the copy is imported under a fresh alias so that it can live beside
+the original in one process (relative imports inside the package follow the alias).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from ..patching import PatchError, apply_unified_diff, parse_unified_diff
+
+_TMP = Path(tempfile.mkdtemp(prefix="kvspec-patched-"))
+
+
+def read_patch(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as e:
+        raise PatchError(f"cannot read patch {path}: {e.strerror}") from None
+
+
+def import_patched_copy(package_dir: Path, repo_prefix: str, diff_text: str, alias_stem: str) -> ModuleType:
+    """Copy ``package_dir`` (which lives at ``repo_prefix`` in its repository), apply
+    ``diff_text`` to the copy and import it as a new top-level package."""
+    prefix = repo_prefix.rstrip("/") + "/"
+    for fp in parse_unified_diff(diff_text):
+        if not fp.path.startswith(prefix):
+            raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to the repository root)")
+    alias = f"_kvspec_{alias_stem}_{hashlib.sha1(diff_text.encode()).hexdigest()[:10]}"
+    if alias in sys.modules:
+        return sys.modules[alias]
+    dest = _TMP / alias
+    if not dest.exists():
+        shutil.copytree(package_dir, dest, ignore=shutil.ignore_patterns("__pycache__"))
+
+        def read(rel: str) -> str:
+            f = package_dir / rel[len(prefix):]
+            if not f.is_file():
+                raise FileNotFoundError(rel)
+            return f.read_text()
+
+        for rel, text in apply_unified_diff(diff_text, read).items():
+            (dest / rel[len(prefix):]).write_text(text)
+    spec = importlib.util.spec_from_file_location(alias, dest / "__init__.py", submodule_search_locations=[str(dest)])
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        del sys.modules[alias]
+        raise
+    return module

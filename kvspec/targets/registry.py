@@ -1,0 +1,60 @@
+"""Resolve a ``--target`` string (and ``--patch``) into a Target.
+
+    impl                  kvspec's own allocator (default)
+    vllm                  the installed vllm package's v1 BlockPool / KVCacheManager
+    nanovllm[:PACKAGE]    a nano-vllm-style BlockManager (PACKAGE defaults to nanovllm)
+    FILE.py:NAME          a user's class in a file
+    module:NAME           a user's class in an importable module
+
+Every failure raises ``TargetError`` with one line fit for the terminal.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..patching import PatchError
+from .base import Target, TargetError
+from .patched import import_patched_copy, read_patch
+
+
+def load_target(spec: str = "impl", patch: Optional[str] = None, api: Optional[str] = None) -> Target:
+    try:
+        return _load(spec, patch, api)
+    except TargetError:
+        raise
+    except PatchError as e:
+        raise TargetError(f"patch {patch}: {e}") from None
+    except SyntaxError as e:
+        raise TargetError(f"target {spec}: syntax error in {e.filename}:{e.lineno}: {e.msg}") from None
+    except ImportError as e:
+        raise TargetError(f"target {spec}: cannot import: {e}") from None
+
+
+def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
+    diff = read_patch(patch) if patch else None
+    if spec == "impl":
+        from .impl_target import ImplTarget
+        if diff is None:
+            return ImplTarget()
+        mod = import_patched_copy(ImplTarget.package_dir(), "impl", diff, "impl")
+        return ImplTarget(mod, label=f"impl+{patch}")
+    if spec == "vllm":
+        try:
+            from .vllm_target import VllmTarget
+        except ImportError as e:
+            raise TargetError(f"target vllm: cannot import the vllm adapter: {e}") from None
+        return VllmTarget(patch_text=diff, patch_name=patch)
+    if spec == "nanovllm" or spec.startswith("nanovllm:"):
+        try:
+            from .nanovllm_target import NanoVllmTarget
+        except ImportError as e:
+            raise TargetError(f"target {spec}: cannot import the nano-vllm adapter: {e}") from None
+        package = spec.split(":", 1)[1] if ":" in spec else "nanovllm"
+        return NanoVllmTarget(package, patch_text=diff, patch_name=patch)
+    if ":" in spec:
+        try:
+            from .user_target import load_user_target
+        except ImportError as e:
+            raise TargetError(f"target {spec}: cannot import the user-class adapter: {e}") from None
+        return load_user_target(spec, api=api, patch_text=diff, patch_name=patch)
+    raise TargetError(f"unknown target {spec!r}: use impl, vllm, nanovllm[:PACKAGE], FILE.py:NAME or module:NAME")

@@ -1,0 +1,78 @@
+"""What both machines share: a Session per example, failures as exceptions that
+Hypothesis can shrink without sliding from one invariant to another, and the
+bookkeeping for robustness findings on targets that document no misuse defence."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from hypothesis.stateful import RuleBasedStateMachine
+
+from kvspec.config import Config
+from kvspec.ops import Op
+from kvspec.session import Session
+from kvspec.targets.base import Target
+from kvspec.violation import Violation
+
+
+class InvariantViolation(AssertionError):
+    """Raised by a machine when a step breaks an invariant. Carries the evidence."""
+
+    def __init__(self, violations: list[Violation], steps: list[Op], config: Config) -> None:
+        self.violations = violations
+        self.steps = steps
+        self.config = config
+        super().__init__(f"{violations[0]}  [after {len(steps)} steps; state: {violations[0].excerpt}]")
+
+    @property
+    def invariant(self) -> str:
+        return self.violations[0].invariant
+
+
+_ERRORS: dict[str, type] = {}
+
+
+def violation_error(invariant: str) -> type:
+    # One exception class per invariant id: Hypothesis keys distinct failures on the
+    # exception type, so shrinking keeps the invariant it started from.
+    if invariant not in _ERRORS:
+        _ERRORS[invariant] = type(f"{invariant}Violation", (InvariantViolation,), {})
+    return _ERRORS[invariant]
+
+
+# (violations, steps, config) for a misuse the target has no documented defence for.
+RobustnessSink = Callable[[list[Violation], list[Op], Config], None]
+
+
+class KVMachine(RuleBasedStateMachine):
+    """Base: subclasses build ``self.session`` in an @initialize rule and call ``run``."""
+
+    target: Target
+    misuse: bool = False
+    on_robustness: Optional[RobustnessSink] = None
+    counters: dict = {"examples": 0, "steps": 0}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: Optional[Session] = None
+        self.tainted = False  # a robustness finding left the target off the model
+        type(self).counters["examples"] += 1
+
+    def start(self, config: Config) -> None:
+        self.session = Session(self.target, config)
+        if self.session.initial:
+            raise violation_error(self.session.initial[0].invariant)(self.session.initial, [], config)
+
+    def run(self, op: Op) -> None:
+        s = self.session
+        if s is None or self.tainted:
+            return
+        type(self).counters["steps"] += 1
+        misuse = s.misuse_reason(op)
+        found = s.apply(op)
+        if not found:
+            return
+        if misuse is not None and not s.documents_misuse and self.on_robustness is not None:
+            self.on_robustness(found, list(s.steps), s.config)
+            self.tainted = True
+            return
+        raise violation_error(found[0].invariant)(found, list(s.steps), s.config)
