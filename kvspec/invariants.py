@@ -20,10 +20,10 @@ from .shadow import HashMap, ShadowKV
 from .violation import Violation
 
 CATALOGUE: dict[str, str] = {
-    "I1": "QUEUE_IFF_FREE: a non-null block is in the free queue iff its ref_cnt is 0; no duplicates; links agree with the walk.",
-    "I2": "STABLE_IDS: a held block id never changes under its request; tables are append-only; held blocks are never deduplicated.",
-    "I3": "FULL_ONLY: only full blocks carry a hash or appear in the index; a held block's hash is set once.",
-    "I4": "CACHED_EVICTABLE: a cached block with ref 0 stays in the queue and the index until allocation pops it or touch revives it.",
+    "I1": "A non-null block is in the free queue iff its ref_cnt is 0; no duplicates; links agree with the walk.",
+    "I2": "A held block id never changes under its request; tables are append-only; held blocks are never deduplicated.",
+    "I3": "Only full blocks carry a hash or appear in the index; a held block's hash is set once.",
+    "I4": "A cached block with ref 0 stays in the queue and the index until allocation pops it or touch revives it.",
     "ACCOUNTING": "The free count equals the queue length and the number of non-null ref-0 blocks; ref counts equal holders, never negative.",
     "INDEX_CONSISTENT": "Every index entry h -> b has b.hash == h, and every hashed block is in the index.",
     "HASH_CHAIN": "A block's hash covers every token of every block before it (and the extra keys): equal hash iff equal prefix.",
@@ -35,6 +35,15 @@ CATALOGUE: dict[str, str] = {
     "ATOMIC_REJECT": "A misuse is rejected with a documented error and leaves the observed state unchanged.",
     "NO_CRASH": "A valid operation never raises.",
 }
+# The four numbered invariants also have names; the others are their own name.
+NAMES: dict[str, str] = {"I1": "QUEUE_IFF_FREE", "I2": "STABLE_IDS", "I3": "FULL_ONLY", "I4": "CACHED_EVICTABLE"}
+
+
+def title(invariant: str) -> str:
+    """``I4 CACHED_EVICTABLE`` style label; ids and names are stable."""
+    name = NAMES.get(invariant, "")
+    return invariant if name in ("", invariant) else f"{invariant} {name}"
+
 
 PRIORITY = [
     "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "I1", "HASH_CHAIN", "MAX_HIT", "INDEX_CONSISTENT",
@@ -61,6 +70,22 @@ class StepContext:
     def pool(self) -> PoolModel:
         return self.model.pool if isinstance(self.model, CacheModel) else self.model
 
+    @property
+    def comparable(self) -> bool:
+        """Can the model's state be compared with the target's after this step?
+
+        Not when the op was a misuse or raised, nor when the target already decided
+        differently from the model (other blocks allocated, an admission refused):
+        then the one check that owns that decision reports it, and comparing the
+        rest would only repeat it as noise."""
+        if self.misuse is not None or self.error is not None:
+            return False
+        if isinstance(self.op, (Alloc, Admit)):
+            return self.result == self.expected
+        if isinstance(self.op, Step):
+            return (_refused(self.result)) == (_refused(self.expected))
+        return True
+
     def v(self, inv: str, message: str, blocks=(), requests=()) -> Violation:
         return Violation(inv, message, self.obs.excerpt(blocks, requests))
 
@@ -72,6 +97,11 @@ CHECKS: list[Check] = []
 def check(fn: Check) -> Check:
     CHECKS.append(fn)
     return fn
+
+
+def _refused(result: Any) -> bool:
+    """Admit and Step results: None / False mean refused (0 hit tokens is a success)."""
+    return result is None or result is False
 
 
 def _valid(ctx: StepContext) -> bool:
@@ -155,17 +185,19 @@ def accounting(ctx: StepContext) -> list[Violation]:
     if o.requests or isinstance(ctx.model, CacheModel):
         holders = Counter(b for rs in o.requests.values() for b in rs.table)
         what = "tables that hold it"
-    else:
+    elif ctx.comparable:
         holders = Counter({b: r for b, r in enumerate(ctx.pool.ref) if r})
         what = "holders"
-    for b in o.usable_ids():
-        if not neg or b not in neg:
+    else:
+        holders, what = None, ""
+    for b in (o.usable_ids() if holders is not None else ()):
+        if b not in neg:
             if o.blocks[b].ref != holders.get(b, 0):
                 out.append(ctx.v("ACCOUNTING", f"block {b} has ref_cnt {o.blocks[b].ref} but {holders.get(b, 0)} {what}", [b]))
                 break
     if _valid(ctx) and isinstance(ctx.op, Reset) and ctx.result != ctx.expected:
         out.append(ctx.v("ACCOUNTING", f"reset_prefix_cache returned {ctx.result}; expected {ctx.expected}"))
-    if _valid(ctx) and isinstance(ctx.op, (Admit, Step)) and ctx.expected in (None, False) and ctx.result not in (None, False):
+    if _valid(ctx) and isinstance(ctx.op, (Admit, Step)) and _refused(ctx.expected) and not _refused(ctx.result):
         out.append(ctx.v("ACCOUNTING", f"{ctx.op!r} was admitted although too few blocks were free", requests=[ctx.op.req]))
     return out
 
@@ -189,7 +221,7 @@ def index_consistent(ctx: StepContext) -> list[Violation]:
 
 @check
 def hash_chain(ctx: StepContext) -> list[Violation]:
-    if ctx.hashes is None or not _valid(ctx):
+    if ctx.hashes is None or not ctx.comparable:
         return []
     o, pool = ctx.obs, ctx.pool
     for b in o.usable_ids():
@@ -224,6 +256,13 @@ def full_only(ctx: StepContext) -> list[Violation]:
 def cached_evictable(ctx: StepContext) -> list[Violation]:
     if not _valid(ctx):
         return []
+    if isinstance(ctx.op, Lookup) and (ctx.result is None) != (ctx.expected is None):
+        return [ctx.v("I4", f"lookup of {ctx.op.hash!r} returned {ctx.result}; the cache holds {ctx.expected}")]
+    if isinstance(ctx.op, Admit) and isinstance(ctx.result, int) and isinstance(ctx.expected, int) \
+            and ctx.result < ctx.expected:
+        return [ctx.v("I4", f"{ctx.op.req} hit {ctx.result} tokens but {ctx.expected} were cached", requests=[ctx.op.req])]
+    if not ctx.comparable:
+        return []
     o, pool = ctx.obs, ctx.pool
     for b in o.usable_ids():
         has, should = o.blocks[b].hash is not None, pool.hash[b] is not None
@@ -233,11 +272,6 @@ def cached_evictable(ctx: StepContext) -> list[Violation]:
         if should and not has:
             state = "free" if pool.ref[b] == 0 else "held"
             return [ctx.v("I4", f"cached block {b} ({state}) lost its hash before being evicted", [b])]
-    if isinstance(ctx.op, Lookup) and (ctx.result is None) != (ctx.expected is None):
-        return [ctx.v("I4", f"lookup of {ctx.op.hash!r} returned {ctx.result}; the cache holds {ctx.expected}")]
-    if isinstance(ctx.op, Admit) and isinstance(ctx.result, int) and isinstance(ctx.expected, int) \
-            and ctx.result < ctx.expected:
-        return [ctx.v("I4", f"{ctx.op.req} hit {ctx.result} tokens but {ctx.expected} were cached", requests=[ctx.op.req])]
     return []
 
 
@@ -262,7 +296,7 @@ def no_leak(ctx: StepContext) -> list[Violation]:
     if not _valid(ctx):
         return []
     o = ctx.obs
-    if isinstance(ctx.op, (Admit, Step)) and ctx.result in (None, False) and ctx.expected not in (None, False):
+    if isinstance(ctx.op, (Admit, Step)) and _refused(ctx.result) and not _refused(ctx.expected):
         return [ctx.v("NO_LEAK", f"{ctx.op!r} was refused although enough blocks were free or reclaimable",
                       requests=[ctx.op.req])]
     quiet = not ctx.model.running() if isinstance(ctx.model, CacheModel) else not ctx.pool.held()
@@ -275,7 +309,7 @@ def no_leak(ctx: StepContext) -> list[Violation]:
 
 @check
 def stable_ids(ctx: StepContext) -> list[Violation]:
-    if not isinstance(ctx.model, CacheModel) or not _valid(ctx):
+    if not isinstance(ctx.model, CacheModel) or not ctx.comparable:
         return []
     o = ctx.obs
     for rid, rs in o.requests.items():
@@ -304,6 +338,8 @@ def eviction_order(ctx: StepContext) -> list[Violation]:
     if isinstance(ctx.op, Alloc) and ctx.result != ctx.expected:
         return [ctx.v("EVICTION_ORDER", f"allocation returned blocks {list(ctx.result or ())}; "
                                         f"the policy gives {list(ctx.expected or ())}")]
+    if not ctx.comparable:
+        return []
     if list(o.queue) != pool.queue:
         return [ctx.v("EVICTION_ORDER", f"the free queue is {list(o.queue)}; the policy gives {pool.queue}")]
     if isinstance(ctx.model, CacheModel):

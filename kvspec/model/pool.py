@@ -63,6 +63,8 @@ class PoolModel:
                 seen[b] = seen.get(b, 0) + 1
                 if isinstance(op, Free) and seen[b] > self.ref[b]:
                     return (f"double free of block {b}" if self.ref[b] else f"free of block {b}, which is not held")
+                if isinstance(op, Touch) and self.ref[b] == 0 and self.hash[b] is None:
+                    return f"touch of block {b}, which is neither held nor cached"
             if isinstance(op, CachePartial):
                 return f"caching block {op.blocks[-1]}, which is not full"
             if isinstance(op, Cache):

@@ -1,0 +1,40 @@
+"""Replay a step list on a fresh allocator: what every repro file calls."""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Optional, Sequence, Union
+
+from .config import Config
+from .invariants import title
+from .ops import Op
+from .session import Outcome, run_steps
+from .targets.base import Target
+from .targets.registry import load_target
+
+
+def _target(target: Union[str, Target], patch: Optional[str], patch_text: Optional[str]) -> Target:
+    if isinstance(target, Target):
+        return target
+    if patch_text and patch is None:
+        fd, patch = tempfile.mkstemp(suffix=".diff", prefix="kvspec-repro-")
+        with os.fdopen(fd, "w") as f:
+            f.write(patch_text)
+    return load_target(target, patch=patch)
+
+
+def replay_outcome(target: Union[str, Target], config: Union[dict, Config], steps: Sequence[Op],
+                   patch: Optional[str] = None, patch_text: Optional[str] = None) -> Outcome:
+    cfg = config if isinstance(config, Config) else Config(**config)
+    return run_steps(_target(target, patch, patch_text), cfg, steps)
+
+
+def replay(target: Union[str, Target], config: Union[dict, Config], steps: Sequence[Op],
+           patch: Optional[str] = None, patch_text: Optional[str] = None) -> None:
+    """Run ``steps``, checking every invariant after each; raise AssertionError at the first violation."""
+    out = replay_outcome(target, config, steps, patch, patch_text)
+    if out.failed:
+        v = out.violations[0]
+        where = "at construction" if out.index == -1 else f"at step {out.index + 1} ({steps[out.index]!r})"
+        raise AssertionError(f"{title(v.invariant)} {where}: "
+                             f"{v.message}\n  state: {v.excerpt}")
