@@ -27,6 +27,7 @@ class Session:
         self.shadow = ShadowKV(config.block_size) if config.level == "cache" else None
         self.hashes = HashMap()
         self.steps: list[Op] = []
+        self.last_result: Any = None  # what the target returned for the last op
         self.obs: Observation = self.driver.observe()
         self.initial: list[Violation] = check_step(self._context(None, self.obs, None, None, None, None))
 
@@ -63,6 +64,7 @@ class Session:
         found = check_step(self._context(op, obs, misuse, error, result, expected))
         self.steps.append(op)
         self.obs = obs
+        self.last_result = result
         return found
 
     def _write_shadow(self, op: Op, result: Any, obs: Observation) -> None:

@@ -6,6 +6,7 @@ the original in one process (relative imports inside the package follow the alia
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import shutil
@@ -16,7 +17,16 @@ from types import ModuleType
 
 from ..patching import PatchError, apply_unified_diff, parse_unified_diff
 
-_TMP = Path(tempfile.mkdtemp(prefix="kvspec-patched-"))
+_tmp: Path | None = None
+
+
+def _tmp_dir() -> Path:
+    """One temporary directory per process, created on first use, removed at exit."""
+    global _tmp
+    if _tmp is None:
+        _tmp = Path(tempfile.mkdtemp(prefix="kvspec-patched-"))
+        atexit.register(shutil.rmtree, _tmp, True)
+    return _tmp
 
 
 def read_patch(path: str) -> str:
@@ -36,7 +46,7 @@ def import_patched_copy(package_dir: Path, repo_prefix: str, diff_text: str, ali
     alias = f"_kvspec_{alias_stem}_{hashlib.sha1(diff_text.encode()).hexdigest()[:10]}"
     if alias in sys.modules:
         return sys.modules[alias]
-    dest = _TMP / alias
+    dest = _tmp_dir() / alias
     if not dest.exists():
         shutil.copytree(package_dir, dest, ignore=shutil.ignore_patterns("__pycache__"))
 
