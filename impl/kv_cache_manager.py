@@ -9,6 +9,32 @@ from .errors import InvalidCountError, UnknownRequestError
 from .hashing import HASH_FUNCTIONS, HashFn, hash_block_tokens
 
 
+# -- pure helpers (with PEP 316 contracts that CrossHair checks: tests/test_crosshair.py) --
+def max_hit_blocks(num_tokens: int, block_size: int) -> int:
+    """How many leading full blocks of a ``num_tokens``-token prompt may hit the cache.
+
+    At most ``num_tokens - 1`` tokens: the last token must be computed to produce
+    logits, even when the whole prompt is cached (vLLM #11186).
+
+    pre: num_tokens >= 1
+    pre: block_size >= 1
+    post: 0 <= __return__ * block_size <= num_tokens - 1
+    post: (__return__ + 1) * block_size > num_tokens - 1
+    """
+    return (num_tokens - 1) // block_size
+
+
+def blocks_fit(num_new_blocks: int, num_revived: int, num_free: int) -> bool:
+    """Do ``num_new_blocks`` fresh blocks fit once ``num_revived`` free cached hits are revived?
+
+    Reviving a hit takes it out of the free queue, so both come out of ``num_free``.
+
+    pre: num_new_blocks >= 0 and num_revived >= 0 and num_free >= 0
+    post: __return__ == (num_new_blocks + num_revived <= num_free)
+    """
+    return num_new_blocks + num_revived <= num_free
+
+
 class Request:
     """A request's tokens and the chained hashes of its full blocks.
 
@@ -87,7 +113,7 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return [], 0
-        max_blocks = (request.num_tokens - 1) // self.block_size
+        max_blocks = max_hit_blocks(request.num_tokens, self.block_size)
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_blocks]:
             block = self.block_pool.get_cached_block(block_hash)
@@ -118,7 +144,7 @@ class KVCacheManager:
         num_required = -(-total // self.block_size)
         num_new_blocks = max(0, num_required - len(table) - len(computed))
         num_revived = sum(1 for b in computed if b.ref_cnt == 0)
-        if num_new_blocks + num_revived > self.block_pool.get_num_free_blocks():
+        if not blocks_fit(num_new_blocks, num_revived, self.block_pool.get_num_free_blocks()):
             return None
 
         if rid not in self.req_to_blocks:

@@ -15,9 +15,10 @@ from hypothesis.stateful import get_state_machine_test
 
 from .config import Config
 from .invariants import title
-from .minimize import minimize
+from .minimize import minimize_finding
 from .ops import Op
 from .repro import write_repro
+from .session import run_steps
 from .targets.base import Target, TargetError
 from .violation import Violation
 
@@ -196,7 +197,11 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
         report.robustness += list(search.robust.values())
     for f in report.violations + report.robustness:
         allow = f.kind == "robustness" or misuse
-        f.steps, f.minimal = minimize(target, f.config, f.steps, f.invariant, allow_misuse=allow)
+        # ddmin, then a bounded BFS that may also move the repro to a smaller pool
+        f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow)
+        out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
+        if out.failed and out.invariant == f.invariant:
+            f.violations = out.violations
         f.repro = str(write_repro(Path(report_dir), target_spec, target, f.config, f.steps, f.invariant,
                                   f.violations[0].message, patch_text=patch_text, patch_name=patch,
                                   command=command, minimal=f.minimal, kind=f.kind))

@@ -1,15 +1,41 @@
-"""Cut a failing step list down: delta debugging (ddmin) over the steps, keeping
-only candidates that fail with the same invariant id and, for a finding under
-valid use, contain no misuse before the failing step."""
+"""Cut a failing step list down to a short, readable, and where possible provably
+shortest repro.
+
+1. **ddmin** (Zeller's delta debugging) over the steps, keeping only candidates that
+   fail with the same invariant id at their last step and, for a finding under valid
+   use, contain no misuse before it.
+2. **Canonical names**: requests become ``r1, r2, ...`` and hash labels ``a, b, ...``
+   in order of first appearance (kept only if the renamed list still fails the same
+   way), so the repro reads simply.
+3. **Bounded BFS** (``kvspec.mc``), for findings under valid use: on configurations of
+   the same level and block size, from the smallest pool up to the failing one, a
+   breadth-first search no deeper than the best length so far, stopping only at a
+   failure of the same invariant. The first configuration with a counterexample
+   gives the repro (a same-length repro on a smaller pool is simpler); larger ones
+   are then searched only for a strictly shorter one, while the time budget lasts.
+   The search first uses ``mc``'s own domains, so the repro is exactly what
+   ``kvspec mc`` finds on its configuration; only when that finds nothing as short
+   as the ddmin result are the domains widened to include every argument the ddmin
+   result uses (its prompts, tokens, set sizes, ref counts, labels and requests).
+
+``minimal`` is True only when a search that ran to completion proves it: no
+sequence of fewer steps over the domains searched fails with this invariant on the
+repro's configuration. It is None when no search could say (a misuse finding, or the budget
+ran out), never a guess.
+"""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from .config import Config
-from .ops import Op
-from .session import Session
+from .ops import Admit, Cache, CachePartial, Finish, Lookup, Op, Preempt, Step
+from .session import Session, run_steps
 from .targets.base import Target
+
+BFS_BUDGET_S = 8.0      # seconds of bounded BFS per finding, all configurations together
+BFS_MAX_DEPTH = 12      # a ddmin result longer than this is not searched
 
 
 def fails_with(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool) -> bool:
@@ -49,10 +75,105 @@ def ddmin(target: Target, config: Config, steps: Sequence[Op], invariant: str, a
     return cur
 
 
-def minimize(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,
-             budget_s: float = 10.0) -> tuple[list[Op], Optional[bool]]:
-    """(shortest steps found, minimal?) where minimal is True only when proven."""
+# -- canonical names -------------------------------------------------------------------
+def _label_name(i: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return letters[i] if i < len(letters) else f"h{i}"
+
+
+def rename(steps: Sequence[Op]) -> list[Op]:
+    """Requests ``r1, r2, ...`` and hash labels ``a, b, ...`` in order of first appearance."""
+    reqs: dict[str, str] = {}
+    labels: dict[str, str] = {}
+
+    def req(r: str) -> str:
+        return reqs.setdefault(r, f"r{len(reqs) + 1}")
+
+    def lab(h: str) -> str:
+        return labels.setdefault(h, _label_name(len(labels)))
+
+    out: list[Op] = []
+    for op in steps:
+        if isinstance(op, (Admit, Step, Preempt, Finish)):
+            op = replace(op, req=req(op.req))
+        elif isinstance(op, (Cache, CachePartial)):
+            op = replace(op, hashes=tuple(lab(h) for h in op.hashes))
+        elif isinstance(op, Lookup):
+            op = replace(op, hash=lab(op.hash))
+        out.append(op)
+    return out
+
+
+# -- bounded BFS -----------------------------------------------------------------------
+def _smaller_configs(config: Config, null_block: bool) -> list[Config]:
+    """Same level, block size and caching; from one usable block up to ``config``'s pool."""
+    lo = 2 if null_block else 1
+    return [replace(config, num_blocks=n) for n in range(lo, config.num_blocks + 1)]
+
+
+def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant: str,
+                 budget_s: float = BFS_BUDGET_S, shrink_config: bool = True
+                 ) -> tuple[list[Op], Optional[bool], Config]:
+    """Step 3 of the module doc: (steps, minimal, config).
+
+    Two passes over the configurations, smallest pool first: ``mc``'s own domains (so
+    the result is what ``kvspec mc`` finds on that configuration), and only if that
+    finds nothing as short as ``steps``, the domains widened to contain ``steps``."""
+    from .enumerate_ops import Bounds
+    from .mc import model_check
+
+    steps = list(steps)
+    best: tuple[list[Op], Optional[bool], Config] = (steps, None, config)
+    deadline = time.monotonic() + budget_s
+    configs = _smaller_configs(config, target.traits.null_block) if shrink_config else [config]
+    for widen in (False, True):
+        if best[1]:
+            break
+        found = False
+        for cfg in configs:
+            left = deadline - time.monotonic()
+            depth = min(len(best[0]) - (1 if found else 0), BFS_MAX_DEPTH)
+            if left <= 0 or depth < (1 if found else 0):
+                break
+            bounds = Bounds().widened(steps, cfg) if widen else Bounds()
+            try:
+                r = model_check(target, cfg, depth, bounds, time_cap=left, mem_cap_gib=1.0, invariant=invariant)
+            except Exception:  # a configuration the target cannot build: try the next one
+                continue
+            if r.verdict == "violation" and r.counterexample is not None:
+                best, found = (r.counterexample, True, cfg), True
+            elif r.verdict == "incomplete":
+                break
+    return best
+
+
+def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invariant: str,
+                     allow_misuse: bool = False, budget_s: float = 10.0, bfs_budget_s: float = BFS_BUDGET_S,
+                     shrink_config: bool = True) -> tuple[list[Op], Optional[bool], Config]:
+    """(steps, minimal, config): the module doc's three steps. ``config`` may be a
+    smaller pool than the one given, when a repro as short or shorter fails there."""
     steps = list(steps)
     if not fails_with(target, config, steps, invariant, allow_misuse):
-        return steps, None  # not reproducible in isolation: keep what Hypothesis gave
-    return ddmin(target, config, steps, invariant, allow_misuse, budget_s), None
+        return steps, None, config  # not reproducible in isolation: keep what Hypothesis gave
+    steps = ddmin(target, config, steps, invariant, allow_misuse, budget_s)
+    renamed = rename(steps)
+    if renamed != steps and fails_with(target, config, renamed, invariant, allow_misuse):
+        steps = renamed
+    if not steps:
+        # Fails at construction: the smallest pool that does so too; nothing is shorter.
+        for cfg in (_smaller_configs(config, target.traits.null_block) if shrink_config else [config]):
+            out = run_steps(target, cfg, [])
+            if out.index == -1 and out.invariant == invariant:
+                return [], True, cfg
+        return [], True, config
+    if allow_misuse:
+        return steps, None, config  # the search enumerates valid ops only
+    return bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config)
+
+
+def minimize(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,
+             budget_s: float = 10.0) -> tuple[list[Op], Optional[bool]]:
+    """(shortest steps found, minimal?) on ``config`` itself; minimal is True only when proven."""
+    steps, minimal, _ = minimize_finding(target, config, steps, invariant, allow_misuse, budget_s,
+                                         shrink_config=False)
+    return steps, minimal

@@ -41,7 +41,8 @@ class CacheMachine(KVMachine):
     @initialize(data=st.data())
     def setup(self, data):
         n = data.draw(self.sizes, label="num_blocks")
-        bs = data.draw(self.block_sizes, label="block_size")
+        lo = getattr(self.target.traits, "min_block_size", 1)  # below it: outside the target's contract
+        bs = data.draw(self.block_sizes.filter(lambda b: b >= lo), label="block_size")
         self.next_id = 1
         self.start(Config(level="cache", num_blocks=n, block_size=bs))
 

@@ -34,6 +34,8 @@ class CacheModel:
         self.caching = config.caching
         self.pool = PoolModel(config, traits)
         self.reqs: dict[str, ReqModel] = {}
+        self.noops = getattr(traits, "documented_noops", frozenset())
+        self.admit_all_blocks = getattr(traits, "admit_all_blocks", False)
 
     def clone(self) -> "CacheModel":
         return copy.deepcopy(self)
@@ -58,10 +60,10 @@ class CacheModel:
             if op.prompt is None and op.req not in self.waiting():
                 return f"request {op.req} is not waiting"
         elif isinstance(op, (Step, Preempt)):
-            if op.req not in self.running():
+            if op.req not in self.running() and not (isinstance(op, Preempt) and "free_unknown_request" in self.noops):
                 return f"{type(op).__name__.lower()} of request {op.req}, which is not running"
         elif isinstance(op, Finish):
-            if op.req not in self.reqs:
+            if op.req not in self.reqs and "free_unknown_request" not in self.noops:
                 return f"finish of request {op.req}, which does not exist"
         return None
 
@@ -88,12 +90,13 @@ class CacheModel:
             q.tokens.append(op.token)
             return self._grow(q)
         if isinstance(op, Preempt):
-            q = self.reqs[op.req]
-            self._release(q)
+            q = self.reqs.get(op.req)
+            if q is not None and q.running:  # else a documented no-op
+                self._release(q)
             return None
         if isinstance(op, Finish):
-            q = self.reqs.pop(op.req)
-            if q.running:
+            q = self.reqs.pop(op.req, None)
+            if q is not None and q.running:
                 self._release(q)
             return None
         raise TypeError(f"not a cache-level op: {op!r}")
@@ -102,7 +105,11 @@ class CacheModel:
         hits = self.hit_blocks(q.tokens)
         need = cdiv(len(q.tokens), self.bs) - len(hits)
         revived = sum(1 for b in hits if self.pool.ref[b] == 0)
-        if need + revived > self.pool.free_count():
+        if self.admit_all_blocks:
+            need_free = cdiv(len(q.tokens), self.bs)  # hits on held blocks counted too
+        else:
+            need_free = need + revived
+        if need_free > self.pool.free_count():
             return None  # refused: nothing changes, the request keeps waiting
         self.pool.touch(hits)  # after the capacity check, before popping new blocks
         q.table = hits + self.pool.alloc(need)

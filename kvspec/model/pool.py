@@ -19,6 +19,9 @@ class PoolModel:
         self.caching = config.caching
         self.null = 0 if traits.null_block else None
         self.unhashed_first = traits.unhashed_free_first
+        self.noops = getattr(traits, "documented_noops", frozenset())
+        self.free_evicts = getattr(traits, "free_evicts", False)
+        self.latest_wins = getattr(traits, "index_latest_wins", False)
         self.ref = [0] * self.n
         self.hash: list[Optional[Hashable]] = [None] * self.n
         self.queue = [b for b in range(self.n) if b != self.null]
@@ -57,6 +60,8 @@ class PoolModel:
             seen: dict[int, int] = {}
             for b in op.blocks:
                 if b == self.null:
+                    if "null_block" in self.noops and isinstance(op, (Free, Touch)):
+                        continue
                     return f"{what} of the null block"
                 if not 0 <= b < self.n:
                     return f"{what} of block {b}, which does not exist"
@@ -75,7 +80,7 @@ class PoolModel:
                         return f"caching block {b}, which already has a hash"
                 if len(seen) != len(op.blocks):
                     return "caching the same block twice"
-        elif isinstance(op, FreeForeign):
+        elif isinstance(op, FreeForeign) and "foreign_free" not in self.noops:
             return f"free of block {op.block} of another pool"
         return None
 
@@ -107,16 +112,22 @@ class PoolModel:
     def _evict(self, b: int) -> None:
         key = self.hash[b]
         if key is not None:
-            self.index[key].remove(b)
-            if not self.index[key]:
-                del self.index[key]
+            if b in self.index.get(key, ()):  # not there once replaced (index_latest_wins)
+                self.index[key].remove(b)
+                if not self.index[key]:
+                    del self.index[key]
             self.hash[b] = None
 
     def free(self, blocks) -> None:
         front, back = [], []
         for b in blocks:
+            if b == self.null:
+                continue  # valid only where the target documents it as a no-op
             self.ref[b] -= 1
             if self.ref[b] == 0:
+                # A free block is cached only while the index can hit it.
+                if self.free_evicts or b not in self.index.get(self.hash[b], ()):
+                    self._evict(b)
                 (front if self.unhashed_first and self.hash[b] is None else back).append(b)
         self.queue = front + self.queue + back
 
@@ -132,7 +143,13 @@ class PoolModel:
         if not self.caching:
             return
         self.hash[b] = key
-        self.index.setdefault(key, []).append(b)
+        if self.latest_wins:
+            for old in self.index.get(key, ()):
+                if self.ref[old] == 0:
+                    self.hash[old] = None  # free and unreachable now: no longer cached
+            self.index[key] = [b]
+        else:
+            self.index.setdefault(key, []).append(b)
 
     def reset(self) -> bool:
         if self.held():

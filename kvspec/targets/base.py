@@ -32,6 +32,25 @@ class Traits:
     # so misuse findings are robustness findings, not violations.
     misuse_errors: tuple[type[BaseException], ...] = ()
     levels: tuple[str, ...] = ("pool", "cache")
+    # Misuses the target documents as deliberate no-ops; the models treat them as
+    # valid operations that change nothing. "null_block": touch/free skip the null
+    # block. "foreign_free": a block of another pool is freed in its own pool.
+    # "free_unknown_request": freeing a request that holds no blocks.
+    documented_noops: frozenset[str] = frozenset()
+    # Cache-level policies of nano-vllm-style managers (the defaults are vLLM's):
+    # admission needs free blocks for the whole request, its cached prefix included
+    # (nano-vllm's boolean can_allocate counts seq.num_blocks).
+    admit_all_blocks: bool = False
+    # A block leaves the prefix cache when its last holder frees it, instead of
+    # staying cached (and hittable) in the free queue until allocation pops it.
+    free_evicts: bool = False
+    # The index keeps one block per hash: caching a block replaces any other block
+    # with that content, which stays hashed while held but is never hit again
+    # (nano-vllm's ``hash_to_block_id`` dict).
+    index_latest_wins: bool = False
+    # Smallest block size the target supports (nano-vllm detects a block boundary
+    # with ``len(seq) % block_size == 1``, which never fires for block size 1).
+    min_block_size: int = 1
 
 
 class Driver(ABC):

@@ -7,7 +7,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ..config import Config
-from ..observation import BlockState, Observation, RequestState
+from ..observation import FOREIGN, HEAD, TAIL, BlockState, Observation, ObservationDelta, RequestState
 from ..ops import Admit, Alloc, Cache, CachePartial, Finish, Free, FreeForeign, Lookup, Op, Preempt, Reset, Step, Touch
 from .base import Driver, Target, Traits
 
@@ -53,7 +53,236 @@ def _index_items(index: Any):
     return index.items() if isinstance(index, dict) else index._cache.items()
 
 
-class ImplPoolDriver(Driver):
+# -- change tracking, for incremental observation --------------------------------------
+# The checker needs to know every block an op *wrote*, including the ones a buggy op
+# should not have touched. So the blocks themselves report writes: while a session
+# tracks a pool, its blocks are switched to a subclass whose __setattr__ notes the block
+# in ``pool._kvspec_dirty``, and the index dict is swapped for one that notes each key
+# it hands out or changes. Nothing else changes: the subclass adds no slots, and both
+# turn back into the plain types when pickled or copied (a model checker's fork), which
+# leaves the copy untracked: the session sees that and observes it in full.
+_TRACKED: dict = {}
+
+
+def _tracked_class(base: type) -> Optional[type]:
+    """The tracking subclass of a KVCacheBlock class (one per class, patched copies too)."""
+    if base in _TRACKED:
+        return _TRACKED[base]
+    set_attr = base.__setattr__
+
+    def __setattr__(self, name, value):
+        set_attr(self, name, value)
+        dirty = getattr(self.pool, "_kvspec_dirty", None)
+        if dirty is not None:
+            dirty.add(self)
+
+    def __reduce_ex__(self, protocol):
+        fn, args, *rest = object.__reduce_ex__(self, protocol)
+        if args and args[0] is cls:
+            args = (base,) + tuple(args[1:])
+        return (fn, args, *rest)
+
+    try:
+        cls = type(f"Tracked{base.__name__}", (base,), {"__slots__": (), "__setattr__": __setattr__,
+                                                         "__reduce_ex__": __reduce_ex__})
+    except TypeError:
+        cls = None
+    _TRACKED[base] = cls
+    return cls
+
+
+class _TrackedIndex(dict):
+    """The pool's hash index, noting every key whose entry an op may have read or changed
+    (an entry is a mutable dict, so handing it out counts). Whole-index operations mark
+    everything."""
+
+    __slots__ = ("touched", "everything")
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.touched: set = set()
+        self.everything = False
+
+    def __reduce_ex__(self, protocol):
+        return (dict, (dict.copy(self),))
+
+    def get(self, k, default=None):
+        self.touched.add(k)
+        return dict.get(self, k, default)
+
+    def __getitem__(self, k):
+        self.touched.add(k)
+        return dict.__getitem__(self, k)
+
+    def __setitem__(self, k, v):
+        self.touched.add(k)
+        dict.__setitem__(self, k, v)
+
+    def __delitem__(self, k):
+        self.touched.add(k)
+        dict.__delitem__(self, k)
+
+    def __contains__(self, k):
+        self.touched.add(k)
+        return dict.__contains__(self, k)
+
+    def setdefault(self, k, default=None):
+        self.touched.add(k)
+        return dict.setdefault(self, k, default)
+
+    def pop(self, k, *default):
+        self.touched.add(k)
+        return dict.pop(self, k, *default)
+
+    def _all(self):
+        self.everything = True
+
+    def popitem(self):
+        self._all()
+        return dict.popitem(self)
+
+    def clear(self):
+        self._all()
+        dict.clear(self)
+
+    def update(self, *a, **kw):
+        self._all()
+        dict.update(self, *a, **kw)
+
+    def __ior__(self, other):
+        self._all()
+        dict.update(self, other)
+        return self
+
+    def copy(self):
+        self._all()
+        return dict.copy(self)
+
+    def keys(self):
+        self._all()
+        return dict.keys(self)
+
+    def values(self):
+        self._all()
+        return dict.values(self)
+
+    def items(self):
+        self._all()
+        return dict.items(self)
+
+    def __iter__(self):
+        self._all()
+        return dict.__iter__(self)
+
+
+def _entry_ids(m: Any) -> tuple:
+    return tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
+
+
+class _PoolTracker:
+    """What a driver checks before trusting its deltas: the structures it armed."""
+
+    def __init__(self, pool: Any) -> None:
+        q = pool.free_block_queue
+        self.blocks, self.n, self.queue = pool.blocks, len(pool.blocks), q
+        self.head = getattr(q, "head", None) or getattr(q, "fake_free_list_head")
+        self.tail = getattr(q, "tail", None) or getattr(q, "fake_free_list_tail")
+        self.index = pool.cached_block_hash_to_block
+
+    def intact(self, pool: Any) -> bool:
+        q = pool.free_block_queue
+        return (pool.blocks is self.blocks and len(pool.blocks) == self.n and q is self.queue
+                and (getattr(q, "head", None) or getattr(q, "fake_free_list_head")) is self.head
+                and (getattr(q, "tail", None) or getattr(q, "fake_free_list_tail")) is self.tail
+                and pool.cached_block_hash_to_block is self.index and isinstance(self.index, _TrackedIndex)
+                and getattr(pool, "_kvspec_dirty", None) is not None)
+
+
+def track_pool(pool: Any) -> Optional[_PoolTracker]:
+    """Start noting what ``pool``'s ops write (see above); None if its shape does not allow it."""
+    try:
+        blocks = pool.blocks
+        cls = _tracked_class(type(blocks[0])) if blocks else None
+        if cls is None or type(pool.cached_block_hash_to_block) not in (dict, _TrackedIndex) \
+                or any(type(b) not in (cls, cls.__mro__[1]) or not hasattr(b, "pool") for b in blocks):
+            return None
+        for b in blocks:
+            if type(b) is not cls:
+                b.__class__ = cls
+        if type(pool.cached_block_hash_to_block) is dict:
+            pool.cached_block_hash_to_block = _TrackedIndex(pool.cached_block_hash_to_block)
+        pool._kvspec_dirty = set()
+        pool.cached_block_hash_to_block.touched = set()
+        pool.cached_block_hash_to_block.everything = False
+        return _PoolTracker(pool)
+    except (AttributeError, TypeError, IndexError):
+        return None
+
+
+def pool_delta(pool: Any, tracker: Optional[_PoolTracker], requests: Optional[dict] = None) -> Optional[ObservationDelta]:
+    """What changed in ``pool`` since the tracker was armed or last asked; None when the
+    pool is no longer what was armed (then observe it in full and arm again)."""
+    if tracker is None or not tracker.intact(pool):
+        return None
+    written, pool._kvspec_dirty = pool._kvspec_dirty, set()
+    index = tracker.index
+    touched, everything = index.touched, index.everything
+    index.touched, index.everything = set(), False
+    blocks, n, head, tail = tracker.blocks, tracker.n, tracker.head, tracker.tail
+
+    def link(o: Any) -> Optional[int]:
+        if o is None:
+            return None
+        if o is head:
+            return HEAD
+        if o is tail:
+            return TAIL
+        i = getattr(o, "block_id", None)
+        return i if type(i) is int and 0 <= i < n and blocks[i] is o else FOREIGN
+
+    changed = {}
+    for o in written:
+        i = o.block_id
+        if type(i) is int and 0 <= i < n and blocks[i] is o:
+            changed[i] = (o.ref_cnt, o.block_hash, link(o.prev_free_block), link(o.next_free_block))
+    if everything:
+        entries = {h: _entry_ids(m) for h, m in dict.items(index)}
+    else:
+        entries = {}
+        for h in touched:
+            m = dict.get(index, h)
+            entries[h] = None if m is None else _entry_ids(m)
+    return ObservationDelta(blocks=changed, head_next=link(head.next_free_block), tail_prev=link(tail.prev_free_block),
+                            free_count=pool.get_num_free_blocks(), index=entries, index_complete=everything,
+                            requests=requests or {})
+
+
+class _Deltas:
+    """Incremental observation for the impl drivers: ``track_changes()`` arms it (the
+    session calls it after each full observation), ``observe_delta()`` reads it."""
+
+    _tracker: Optional[_PoolTracker] = None
+
+    def _tracked_pool(self) -> Any:
+        raise NotImplementedError
+
+    def _requests(self) -> dict:
+        return {}
+
+    def track_changes(self) -> bool:
+        self._tracker = track_pool(self._tracked_pool())
+        return self._tracker is not None
+
+    def observe_delta(self) -> Optional[ObservationDelta]:
+        return pool_delta(self._tracked_pool(), self._tracker, self._requests())
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_tracker", None)  # a copy starts untracked (its blocks unpickle as plain blocks)
+        return state
+
+
+class ImplPoolDriver(_Deltas, Driver):
     def __init__(self, mod: ModuleType, config: Config) -> None:
         self.mod = mod
         self.pool = mod.BlockPool(config.num_blocks, enable_caching=config.caching)
@@ -85,8 +314,11 @@ class ImplPoolDriver(Driver):
     def observe(self) -> Observation:
         return observe_pool(self.pool)
 
+    def _tracked_pool(self) -> Any:
+        return self.pool
 
-class ImplCacheDriver(Driver):
+
+class ImplCacheDriver(_Deltas, Driver):
     """Plays the scheduler: prefill = lookup + allocate_slots; decode = append + allocate."""
 
     def __init__(self, mod: ModuleType, config: Config) -> None:
@@ -127,10 +359,15 @@ class ImplCacheDriver(Driver):
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 
-    def observe(self) -> Observation:
-        reqs = {rid: RequestState(tuple(self.mgr.get_block_ids(rid)), self.reqs[rid].num_computed_tokens)
+    def _requests(self) -> dict:
+        return {rid: RequestState(tuple(self.mgr.get_block_ids(rid)), self.reqs[rid].num_computed_tokens)
                 for rid in sorted(self.running)}
-        return observe_pool(self.mgr.block_pool, reqs)
+
+    def observe(self) -> Observation:
+        return observe_pool(self.mgr.block_pool, self._requests())
+
+    def _tracked_pool(self) -> Any:
+        return self.mgr.block_pool
 
 
 class ImplTarget(Target):

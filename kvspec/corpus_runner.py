@@ -1,0 +1,642 @@
+"""``kvspec patches``: measure kvspec's bug-finding power on its bundled bug corpus.
+
+The way the ETNA benchmark measures property-based testing: every (bug, seed) pair
+is one trial, run with a timeout, in its own worker process. A trial records whether
+the patch applied, whether ``kvspec check`` killed it (found any violation), the
+seconds to the first failure (``Finding.seconds_to_failure``: search time only, not
+start-up or minimization), the length of the repro after minimization
+(``len(Finding.steps)``), and the shortest failing length an exhaustive search can
+prove (``Finding.minimal``; where the minimizer could not prove it, a separate
+bounded BFS of ``kvspec.mc`` by iterative deepening, see ``shortest_failing``).
+
+Corpus: ``kvspec/corpus/<target>/bugs.json``, a list of ``{"id", "title", "file",
+"upstream", "level", "invariants" (primary first), "kind": "safety" | "policy" |
+"equivalent", "note"}`` plus, optionally, ``"engine": "diff"`` for a *rare-input*
+bug that is expected to be out of random search's reach and caught by ``kvspec diff``
+(CrossHair) instead. Equivalent mutants have ``invariants == []``: killing one is a
+false positive, i.e. a bug in kvspec.
+
+Exit code: 0 when every safety bug is killed on every seed (a rare-input bug by
+``kvspec diff`` or ``kvspec check``) and no equivalent mutant is killed; 1 otherwise;
+2 on a usage or target error.
+
+Reports (in ``--report-dir``): ``patches.md``, ``patches.json`` and
+``time_to_failure.png`` for the impl target; ``patches_<target>.*`` for the others,
+so the committed impl report is not overwritten.
+"""
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Optional
+
+CORPUS_ROOT = Path(__file__).resolve().parent / "corpus"
+THRESHOLDS = (0.1, 1.0, 10.0, 60.0)
+# A worker's hard deadline past its search budget: minimization (ddmin + bounded BFS),
+# the shortest-length search below, the repro file, and start-up.
+HARD_MARGIN_S = 90.0
+MINIMAL_BUDGET_S = 20.0   # the iterative-deepening BFS per trial, when the minimizer proved nothing
+MINIMAL_MAX_DEPTH = 12
+DIFF_TIMEOUT_S = 10.0     # kvspec diff, per changed helper (per-condition timeout)
+
+
+# -- the corpus -------------------------------------------------------------------------
+def load_corpus(target: str) -> tuple[Path, list[dict]]:
+    from .cli import UsageError
+
+    d = CORPUS_ROOT / target
+    f = d / "bugs.json"
+    if not f.is_file():
+        raise UsageError(f"kvspec patches: no bug corpus for target {target} ({f} does not exist)")
+    try:
+        bugs = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"kvspec patches: {f}: not valid JSON: {e}") from None
+    for b in bugs:
+        missing = {"id", "file", "kind", "invariants"} - set(b)
+        if missing:
+            raise UsageError(f"kvspec patches: {f}: entry {b.get('id', '?')} lacks {', '.join(sorted(missing))}")
+        b.setdefault("engine", "check")
+    return d, bugs
+
+
+# -- one trial, in a worker process -------------------------------------------------------
+def shortest_failing(target, config, steps, invariant: str, budget_s: float = MINIMAL_BUDGET_S
+                     ) -> tuple[Optional[int], bool]:
+    """(length, proven): the shortest failing sequence with ``invariant`` that a
+    breadth-first search (``kvspec.mc``, its default domains) finds on the pools of the
+    finding's level and block size up to the finding's pool, by iterative deepening:
+    depth 1, 2, ... on every pool, smallest first. ``proven`` is True only when every
+    search of a smaller depth ran to completion without a failure."""
+    from dataclasses import replace
+
+    try:
+        from .enumerate_ops import Bounds
+        from .mc import model_check
+    except ImportError:
+        return None, False
+    lo = 2 if target.traits.null_block else 1
+    pools = [replace(config, num_blocks=n) for n in range(lo, config.num_blocks + 1)]
+    deadline = time.monotonic() + budget_s
+    complete = True
+    for depth in range(1, min(len(steps) - 1, MINIMAL_MAX_DEPTH) + 1):
+        for cfg in pools:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, False
+            try:
+                r = model_check(target, cfg, depth, Bounds(), time_cap=left, mem_cap_gib=1.0, invariant=invariant)
+            except Exception:
+                complete = False
+                continue
+            if r.verdict == "violation" and r.counterexample is not None:
+                return len(r.counterexample), complete
+            if r.verdict != "pass":
+                complete = False
+    return (len(steps), True) if complete else (None, False)
+
+
+def run_trial(task: dict) -> dict:
+    """One (patch, seed) pair: load the patched target, ``run_check`` with
+    ``budget=timeout``, report what it found. Runs inside the worker process."""
+    from .checker import run_check
+    from .targets.registry import load_target
+
+    row: dict[str, Any] = {"id": task["id"], "seed": task["seed"], "applied": False, "killed": False,
+                           "invariant": None, "also": [], "seconds_to_failure": None, "shrunk_steps": None,
+                           "repro_steps": None, "minimal_steps": None, "minimal_proven": False,
+                           "config": None, "error": None, "wall_seconds": None}
+    t0 = time.monotonic()
+    report_dir = tempfile.mkdtemp(prefix="kvspec-patches-")
+    try:
+        try:
+            target = load_target(task["target"], patch=task["patch"])
+        except Exception as e:  # a patch that does not apply is a result, not a crash
+            row["error"] = f"{type(e).__name__}: {e}"
+            return row
+        row["applied"] = True
+        patch_text = Path(task["patch"]).read_text()
+        report = run_check(target, task["target"], patch=task["patch"], patch_text=patch_text, level="all",
+                           seed=task["seed"], budget=task["timeout"], report_dir=report_dir)
+        if report.violations:
+            f = report.violations[0]
+            row.update(killed=True, invariant=f.invariant,
+                       also=sorted({v.invariant for v in f.violations[1:]} - {f.invariant}),
+                       seconds_to_failure=f.seconds_to_failure, shrunk_steps=f.shrunk_steps,
+                       repro_steps=len(f.steps), config=f.config.to_dict(), level=f.level)
+            if f.minimal:
+                row.update(minimal_steps=len(f.steps), minimal_proven=True)
+            elif task.get("minimal", True):
+                n, proven = shortest_failing(target, f.config, f.steps, f.invariant)
+                row.update(minimal_steps=n, minimal_proven=proven)
+        row["examples"] = report.examples
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"
+        row["traceback"] = traceback.format_exc(limit=5)
+    finally:
+        row["wall_seconds"] = round(time.monotonic() - t0, 3)
+        shutil.rmtree(report_dir, ignore_errors=True)
+    return row
+
+
+def run_diff_task(task: dict) -> dict:
+    """``kvspec diff`` on one patch (impl only), inside a worker."""
+    from .crosshair_diff import diff_patch
+
+    try:
+        res = diff_patch(task["patch"], task["per_condition_timeout"])
+        return {"id": task["id"], "diff": {"verdict": res["verdict"], "seconds": res["seconds"],
+                                           "differences": res["differences"][:2],
+                                           "functions": [{k: c[k] for k in ("function", "verdict")}
+                                                         for c in res["functions"]]}}
+    except Exception as e:
+        return {"id": task["id"], "diff": {"verdict": "error", "error": f"{type(e).__name__}: {e}"}}
+
+
+def _child(conn, fn_name: str, task: dict) -> None:
+    try:
+        res = globals()[fn_name](task)
+    except BaseException as e:  # report, never hang the parent
+        res = {"id": task.get("id"), "error": f"{type(e).__name__}: {e}"}
+    try:
+        conn.send(res)
+    finally:
+        conn.close()
+
+
+# -- the pool of worker processes ---------------------------------------------------------
+@dataclass
+class _Running:
+    proc: Any
+    conn: Any
+    task: dict
+    fn: str
+    deadline: float
+    limit: float
+
+
+def _context():
+    # fork where available: the workers inherit the imported modules (Hypothesis, kvspec,
+    # the target's package), so a trial starts in milliseconds. The parent starts no
+    # threads before forking.
+    methods = mp.get_all_start_methods()
+    return mp.get_context("fork" if "fork" in methods else "spawn")
+
+
+def run_pool(jobs: list[tuple[str, dict, float]], n_workers: int, on_done=None) -> list[dict]:
+    """Run ``(function name, task, hard limit seconds)`` jobs, ``n_workers`` at a time,
+    each in its own process; a job past its hard limit is killed and reported so."""
+    ctx = _context()
+    pending = list(jobs)
+    running: list[_Running] = []
+    results: list[dict] = []
+    try:
+        while pending or running:
+            while pending and len(running) < n_workers:
+                fn, task, limit = pending.pop(0)
+                parent, child = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child, args=(child, fn, task), daemon=True)
+                p.start()
+                child.close()
+                running.append(_Running(p, parent, task, fn, time.monotonic() + limit, limit))
+            ready = wait([r.conn for r in running] + [r.proc.sentinel for r in running], timeout=0.2)
+            now = time.monotonic()
+            for r in list(running):
+                res = None
+                if r.conn in ready or r.proc.sentinel in ready:
+                    try:
+                        if r.conn.poll():
+                            res = r.conn.recv()
+                    except (EOFError, OSError):
+                        res = None
+                    if res is None and r.proc.is_alive() and now <= r.deadline:
+                        continue  # sentinel not yet set, or no data yet
+                    if res is None:
+                        res = _failed(r, f"worker exited with code {r.proc.exitcode} and no result")
+                elif now > r.deadline:
+                    r.proc.kill()
+                    res = _failed(r, f"killed by the runner at its hard limit of {r.limit:.0f} s")
+                    res["timed_out"] = True
+                else:
+                    continue
+                r.proc.join(timeout=5)
+                r.conn.close()
+                running.remove(r)
+                res.setdefault("id", r.task.get("id"))
+                res["_fn"] = r.fn
+                if "seed" in r.task:
+                    res.setdefault("seed", r.task["seed"])
+                results.append(res)
+                if on_done:
+                    on_done(res, len(results), len(jobs))
+    finally:
+        for r in running:
+            r.proc.kill()
+    return results
+
+
+def _failed(r: _Running, why: str) -> dict:
+    if r.fn == "run_diff_task":
+        return {"id": r.task["id"], "diff": {"verdict": "error", "error": why}}
+    return {"id": r.task["id"], "seed": r.task["seed"], "applied": None, "killed": False, "invariant": None,
+            "also": [], "seconds_to_failure": None, "shrunk_steps": None, "repro_steps": None,
+            "minimal_steps": None, "minimal_proven": False, "config": None, "error": why}
+
+
+# -- aggregation ---------------------------------------------------------------------------
+def _median(xs: list[float]) -> Optional[float]:
+    return statistics.median(xs) if xs else None
+
+
+def _quantile(xs: list[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    s = sorted(xs)
+    k = max(0, math.ceil(q * len(s)) - 1)  # nearest rank
+    return s[k]
+
+
+def _r(x: Optional[float], nd: int = 3) -> Optional[float]:
+    return None if x is None else round(x, nd)
+
+
+def patch_row(bug: dict, trials: list[dict], diff: Optional[dict]) -> dict:
+    killed = [t for t in trials if t["killed"]]
+    ttf = [t["seconds_to_failure"] for t in killed if t["seconds_to_failure"] is not None]
+    found: dict[str, int] = {}
+    for t in killed:
+        found[t["invariant"]] = found.get(t["invariant"], 0) + 1
+    ratios = [t["repro_steps"] / t["minimal_steps"] for t in killed
+              if t["minimal_proven"] and t["minimal_steps"]]
+    expected = bug["invariants"]
+    caught_by = []
+    if killed:
+        caught_by.append("check")
+    if diff and diff.get("verdict") == "different":
+        caught_by.append("diff")
+    return {
+        "id": bug["id"], "title": bug.get("title", ""), "kind": bug["kind"], "level": bug.get("level"),
+        "engine": bug.get("engine", "check"), "upstream": bug.get("upstream"), "expected": expected,
+        "applied": all(t["applied"] for t in trials) if trials else None,
+        "seeds": len(trials), "killed": round(len(killed) / len(trials), 3) if trials else 0.0,
+        "kills": len(killed),
+        "seconds_to_failure": _r(_median(ttf)), "seconds_to_failure_p90": _r(_quantile(ttf, 0.9)),
+        "repro_steps": _median([t["repro_steps"] for t in killed]),
+        "minimal_steps": _median([t["minimal_steps"] for t in killed if t["minimal_steps"] is not None]),
+        "minimal_proven": sum(1 for t in killed if t["minimal_proven"]),
+        "repro_over_minimal": _r(_median(ratios), 2),
+        "found": found,
+        "expected_found": (sum(n for inv, n in found.items() if inv in expected) / len(killed)) if killed and expected else None,
+        "primary_found": (found.get(expected[0], 0) / len(killed)) if killed and expected else None,
+        "errors": sorted({t["error"] for t in trials if t.get("error")}),
+        "diff": diff, "caught_by": caught_by,
+    }
+
+
+def _class_summary(rows: list[dict], trials: list[dict], timeout: float) -> dict:
+    ids = {r["id"] for r in rows}
+    ts = [t for t in trials if t["id"] in ids]
+    killed = [t for t in ts if t["killed"]]
+    ttf = [t["seconds_to_failure"] for t in killed if t["seconds_to_failure"] is not None]
+    ratios = [t["repro_steps"] / t["minimal_steps"] for t in killed if t["minimal_proven"] and t["minimal_steps"]]
+    return {
+        "bugs": len(rows), "trials": len(ts), "solved": len(killed),
+        "solve_rate": round(len(killed) / len(ts), 4) if ts else None,
+        "bugs_killed_every_seed": sum(1 for r in rows if r["seeds"] and r["kills"] == r["seeds"]),
+        "bugs_killed_any_seed": sum(1 for r in rows if r["kills"]),
+        "solved_within": {f"{t:g}": sum(1 for x in ttf if x <= t) for t in THRESHOLDS if t <= max(timeout, THRESHOLDS[0])},
+        "median_seconds_to_failure": _r(_median(ttf)), "p90_seconds_to_failure": _r(_quantile(ttf, 0.9)),
+        "max_seconds_to_failure": _r(max(ttf) if ttf else None),
+        "median_repro_steps": _median([t["repro_steps"] for t in killed]),
+        "median_minimal_steps": _median([t["minimal_steps"] for t in killed if t["minimal_steps"] is not None]),
+        "median_repro_over_minimal": _r(_median(ratios), 2),
+        "mean_repro_over_minimal": _r(statistics.fmean(ratios) if ratios else None, 2),
+        "minimal_proven": f"{len(ratios)}/{len(killed)}",
+    }
+
+
+def summarize(target: str, bugs: list[dict], trials: list[dict], diffs: dict[str, dict], args_d: dict,
+              wall: float) -> dict:
+    by_id: dict[str, list[dict]] = {}
+    for t in trials:
+        by_id.setdefault(t["id"], []).append(t)
+    rows = [patch_row(b, sorted(by_id.get(b["id"], []), key=lambda t: t["seed"]), diffs.get(b["id"])) for b in bugs]
+    safety = [r for r in rows if r["kind"] == "safety" and r["engine"] != "diff"]
+    rare = [r for r in rows if r["kind"] == "safety" and r["engine"] == "diff"]
+    policy = [r for r in rows if r["kind"] == "policy"]
+    equiv = [r for r in rows if r["kind"] == "equivalent"]
+    timeout = args_d["timeout"]
+    fp = [r for r in equiv if r["kills"]]
+    safety_ok = all(r["kills"] == r["seeds"] and r["seeds"] for r in safety)
+    rare_ok = all(r["caught_by"] for r in rare)
+    summary = {
+        "safety": _class_summary(safety, trials, timeout),
+        "policy": _class_summary(policy, trials, timeout),
+        "rare_input": {"bugs": len(rare), "caught_by_check": sum(1 for r in rare if "check" in r["caught_by"]),
+                       "caught_by_diff": sum(1 for r in rare if "diff" in r["caught_by"]),
+                       "ids": [r["id"] for r in rare]},
+        "equivalent": {"mutants": len(equiv), "killed": len(fp),
+                       "false_positives": f"{len(fp)}/{len(equiv)}", "killed_ids": [r["id"] for r in fp]},
+        "expected_invariant_rate": _r(_ratio(sum(r["kills"] * (r["expected_found"] or 0) for r in safety + policy),
+                                             sum(r["kills"] for r in safety + policy)), 4),
+        "patches_not_applied": [r["id"] for r in rows if r["applied"] is False],
+        "all_safety_killed": safety_ok and rare_ok,
+        "wall_seconds": round(wall, 1),
+    }
+    return {"command": "patches", "target": target, "seeds": args_d["seeds"], "timeout": timeout,
+            "jobs": args_d["jobs"], "patches": rows, "summary": summary, "trials": trials,
+            "verdict": "pass" if (safety_ok and rare_ok and not fp) else "fail"}
+
+
+def _ratio(a: float, b: float) -> Optional[float]:
+    return a / b if b else None
+
+
+# -- reports ----------------------------------------------------------------------------
+def _fmt(x, nd=2, dash="-") -> str:
+    if x is None:
+        return dash
+    if isinstance(x, float):
+        return f"{x:.{nd}f}" if x < 100 else f"{x:.0f}"
+    return str(x)
+
+
+def _names(target: str) -> tuple[str, str, str]:
+    suffix = "" if target == "impl" else f"_{target}"
+    return f"patches{suffix}.md", f"patches{suffix}.json", f"time_to_failure{suffix}.png"
+
+
+def write_reports(res: dict, report_dir: str, command: str) -> list[str]:
+    md_name, json_name, png_name = _names(res["target"])
+    d = Path(report_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / json_name).write_text(json.dumps(res, indent=1, default=str) + "\n")
+    written = [str(d / json_name)]
+    png = _figure(res, d / png_name)
+    if png:
+        written.append(png)
+    (d / md_name).write_text(markdown(res, command, png_name if png else None))
+    written.append(str(d / md_name))
+    return written
+
+
+def _class_lines(name: str, s: dict, timeout: float) -> list[str]:
+    if not s["bugs"]:
+        return [f"- **{name}**: none in this corpus."]
+    within = ", ".join(f"{v}/{s['trials']} within {k} s" for k, v in s["solved_within"].items())
+    return [
+        f"- **{name}** ({s['bugs']} bugs x seeds = {s['trials']} trials): solve rate "
+        f"**{100 * (s['solve_rate'] or 0):.1f}%** ({s['solved']}/{s['trials']}) within {timeout:g} s; "
+        f"{s['bugs_killed_every_seed']}/{s['bugs']} bugs killed on every seed.",
+        f"  - solved {within}.",
+        f"  - time to failure: median {_fmt(s['median_seconds_to_failure'], 3)} s, p90 {_fmt(s['p90_seconds_to_failure'], 3)} s, "
+        f"max {_fmt(s['max_seconds_to_failure'], 3)} s.",
+        f"  - repro length: median {_fmt(s['median_repro_steps'])} steps; shortest possible (BFS) median "
+        f"{_fmt(s['median_minimal_steps'])}; repro/minimal median {_fmt(s['median_repro_over_minimal'])}, "
+        f"mean {_fmt(s['mean_repro_over_minimal'])} (over the {s['minimal_proven']} trials whose minimal length was proven).",
+    ]
+
+
+def markdown(res: dict, command: str, png: Optional[str]) -> str:
+    s = res["summary"]
+    out = [f"# kvspec patches: bug-finding power on the {res['target']} corpus", "",
+           f"Generated by `{command}` ({res['seeds']} seeds per patch, {res['timeout']:g} s timeout per trial, "
+           f"{res['jobs']} worker processes, wall time {s['wall_seconds']:.0f} s).", "",
+           "Each (patch, seed) trial runs `kvspec check` (`run_check`, pool and cache level round-robin) in its own "
+           "process with `budget = timeout`. *Time to failure* is search time to the first violation (start-up and "
+           "minimization excluded). *Repro* is the length of the minimized repro (ddmin, then the minimizer's bounded "
+           "BFS); *minimal* is the shortest failing length proven by exhaustive BFS (`kvspec.mc`, its default domains, "
+           "pools up to the finding's, same level and block size): the minimizer's proof where it has one, else an "
+           "iterative-deepening search run by the runner. Medians are over killed trials.", "",
+           "## Summary", ""]
+    out += _class_lines("Safety bugs", s["safety"], res["timeout"])
+    out += _class_lines("Policy bugs (eviction order; reported separately)", s["policy"], res["timeout"])
+    rare = s["rare_input"]
+    if rare["bugs"]:
+        out.append(f"- **Rare-input bugs** ({', '.join(rare['ids'])}): caught by `kvspec check` on "
+                   f"{rare['caught_by_check']}/{rare['bugs']}, by `kvspec diff` (CrossHair) on "
+                   f"{rare['caught_by_diff']}/{rare['bugs']}.")
+    eq = s["equivalent"]
+    out.append(f"- **Equivalent mutants**: false positives: **{eq['false_positives']}**"
+               + (f" (killed: {', '.join(eq['killed_ids'])} -- a kvspec bug)" if eq["killed"] else "") + ".")
+    if s["expected_invariant_rate"] is not None:
+        out.append(f"- The invariant reported was one of the patch's expected invariants in "
+                   f"{100 * s['expected_invariant_rate']:.1f}% of the killed safety and policy trials.")
+    if s["patches_not_applied"]:
+        out.append(f"- Patches that did not apply: {', '.join(s['patches_not_applied'])}.")
+    out += ["", "## Per patch", "",
+            "| patch | kind | level | expected | found (trials) | killed | ttf median s | ttf p90 s | repro | minimal | kvspec diff | caught by |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["patches"]:
+        found = ", ".join(f"{k} ({v})" for k, v in sorted(r["found"].items(), key=lambda kv: -kv[1])) or "-"
+        diff = r["diff"]["verdict"] if r.get("diff") else "-"
+        out.append(f"| {r['id']} | {r['kind']}{' (rare input)' if r['engine'] == 'diff' else ''} | {r['level'] or '-'} | "
+                   f"{', '.join(r['expected']) or '(none)'} | {found} | {r['kills']}/{r['seeds']} | "
+                   f"{_fmt(r['seconds_to_failure'], 3)} | {_fmt(r['seconds_to_failure_p90'], 3)} | "
+                   f"{_fmt(r['repro_steps'])} | {_fmt(r['minimal_steps'])} | {diff} | {', '.join(r['caught_by']) or 'none'} |")
+    if png:
+        out += ["", f"![time to failure per bug]({png})"]
+    out += ["", "## Findings", "", _findings(res), ""]
+    return "\n".join(out)
+
+
+def _findings(res: dict) -> str:
+    s = res["summary"]
+    rows = res["patches"]
+    saf = s["safety"]
+    parts = []
+    if saf["bugs"]:
+        slow = sorted((r for r in rows if r["kind"] == "safety" and r["engine"] != "diff" and r["seconds_to_failure"]),
+                      key=lambda r: -r["seconds_to_failure"])[:3]
+        parts.append(f"kvspec check killed {saf['solved']} of {saf['trials']} safety trials "
+                     f"({100 * (saf['solve_rate'] or 0):.1f}%), median time to failure {_fmt(saf['median_seconds_to_failure'], 3)} s; "
+                     f"the slowest bugs to find were " + ", ".join(f"{r['id']} ({_fmt(r['seconds_to_failure'], 2)} s median)" for r in slow) + ".")
+        long = [r for r in rows if r["minimal_steps"] and r["minimal_steps"] >= 4 and r["kind"] != "equivalent"]
+        if long:
+            parts.append("Bugs whose shortest repro needs 4 or more steps: " + ", ".join(
+                f"{r['id']} (shortest {_fmt(r['minimal_steps'])}, repro median {_fmt(r['repro_steps'])})" for r in long) + ".")
+        gaps = [r for r in rows if r["repro_over_minimal"] and r["repro_over_minimal"] > 1.0]
+        if gaps:
+            parts.append("Repros longer than the proven minimum: " + ", ".join(
+                f"{r['id']} (repro/minimal {_fmt(r['repro_over_minimal'])})" for r in gaps) + ".")
+        unproven = [r for r in rows if r["kills"] and r["minimal_proven"] < r["kills"]]
+        if unproven:
+            parts.append("Minimal length not proven on some trials (the BFS budget ran out): " + ", ".join(
+                f"{r['id']} ({r['kills'] - r['minimal_proven']}/{r['kills']})" for r in unproven) + ".")
+    mixed = [r for r in rows if r["kills"] and r["expected"] and r["expected_found"] is not None and r["expected_found"] < 1]
+    if mixed:
+        parts.append("Reported an invariant outside the expected list on some seeds: " + ", ".join(
+            f"{r['id']} ({', '.join(r['found'])})" for r in mixed) + ".")
+    rare = [r for r in rows if r["engine"] == "diff"]
+    for r in rare:
+        d = r.get("diff") or {}
+        parts.append(f"The rare-input patch {r['id']} was killed by kvspec check on {r['kills']}/{r['seeds']} seeds "
+                     f"and kvspec diff says: {d.get('verdict', 'not run')}"
+                     + (f" ({d['differences'][0]})" if d.get("differences") else "") + ".")
+    caught_diff = [r["id"] for r in rows if r.get("diff") and r["diff"].get("verdict") == "different"]
+    if caught_diff:
+        parts.append(f"kvspec diff (CrossHair diffbehavior on the changed helpers) also tells apart: {', '.join(caught_diff)}.")
+    eq = s["equivalent"]
+    parts.append(f"Equivalent mutants: false positives {eq['false_positives']}.")
+    return " ".join(parts)
+
+
+def _figure(res: dict, path: Path) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return None
+    rows = [r for r in res["patches"] if r["kind"] != "equivalent"]
+    by = {r["id"]: [t["seconds_to_failure"] for t in res["trials"] if t["id"] == r["id"] and t["killed"]
+                    and t["seconds_to_failure"] is not None] for r in rows}
+    rows.sort(key=lambda r: (_median(by[r["id"]]) if by[r["id"]] else float("inf")))
+    fig, ax = plt.subplots(figsize=(8, 0.28 * len(rows) + 1.5))
+    colors = {"safety": "tab:red", "policy": "tab:blue"}
+    for i, r in enumerate(rows):
+        xs = by[r["id"]]
+        c = colors.get(r["kind"], "gray") if r["engine"] != "diff" else "tab:purple"
+        if xs:
+            ax.scatter(xs, [i] * len(xs), s=12, color=c, alpha=0.6)
+            ax.plot([_median(xs)], [i], marker="|", markersize=12, color="black")
+        missed = r["seeds"] - len(xs)
+        if missed:
+            ax.scatter([res["timeout"]] * 1, [i], marker="x", color=c)
+            ax.annotate(f"{missed} not found", (res["timeout"], i), xytext=(4, -3), textcoords="offset points",
+                        fontsize=7)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{r['id']} ({r['kind'] if r['engine'] != 'diff' else 'rare input'})" for r in rows], fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(right=res["timeout"] * 6)  # room for the "not found" labels
+    ax.set_xlabel("seconds to first failure (log; x = not found within the timeout)")
+    ax.set_title(f"kvspec check time to failure per {res['target']} corpus bug ({res['seeds']} seeds; | = median)")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+# -- the command --------------------------------------------------------------------------
+class _Progress:
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total, self.start, self.killed = enabled, total, time.monotonic(), 0
+
+    def __call__(self, res: dict, done: int, total: int) -> None:
+        if res.get("killed"):
+            self.killed += 1
+        if self.enabled:
+            sys.stderr.write(f"\r\033[K[{done}/{total}] {res.get('id')}"
+                             + (f" seed {res['seed']}" if "seed" in res and res.get("_fn") == "run_trial" else " (diff)")
+                             + f"  killed so far {self.killed}  {time.monotonic() - self.start:.0f}s")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def cmd_patches(args) -> int:
+    from .cli import UsageError
+    from .targets.registry import load_target
+
+    if args.seeds < 1:
+        raise UsageError("kvspec patches: --seeds must be at least 1")
+    if args.timeout <= 0:
+        raise UsageError("kvspec patches: --timeout must be positive")
+    jobs = args.jobs or os.cpu_count() or 1
+    if jobs < 1:
+        raise UsageError("kvspec patches: --jobs must be at least 1")
+    corpus_dir, bugs = load_corpus(args.target)
+    if args.only:
+        want = [x.strip() for x in args.only.split(",") if x.strip()]
+        unknown = sorted(set(want) - {b["id"] for b in bugs})
+        if unknown:
+            raise UsageError(f"kvspec patches: unknown patch id(s) for {args.target}: {', '.join(unknown)}")
+        bugs = [b for b in bugs if b["id"] in want]
+    load_target(args.target)  # a missing target is one line and exit 2, before any worker starts
+    # Import what the workers need before forking, so each starts warm.
+    from . import checker, minimize  # noqa: F401
+    try:
+        from . import mc  # noqa: F401
+    except ImportError:
+        pass
+
+    hard = args.timeout + HARD_MARGIN_S
+    work: list[tuple[str, dict, float]] = []
+    for b in bugs:
+        for seed in range(args.seeds):
+            work.append(("run_trial", {"id": b["id"], "seed": seed, "target": args.target,
+                                       "patch": str(corpus_dir / b["file"]), "timeout": args.timeout}, hard))
+    if args.target == "impl":
+        # kvspec diff on every patch (it compares only the helpers a patch changes; most
+        # patches change none and cost nothing), so the report says which engine caught what
+        for b in bugs:
+            work.append(("run_diff_task", {"id": b["id"], "patch": str(corpus_dir / b["file"]),
+                                           "per_condition_timeout": min(DIFF_TIMEOUT_S, args.timeout)},
+                         min(DIFF_TIMEOUT_S, args.timeout) * 8 + 120))
+    # Longest first (equivalent mutants and rare-input bugs run to the timeout), so the
+    # pool does not end on one long straggler.
+    slow = {b["id"] for b in bugs if b["kind"] == "equivalent" or b.get("engine") == "diff"}
+    work.sort(key=lambda w: (w[0] != "run_trial" or w[1]["id"] not in slow, w[0] == "run_diff_task"))
+
+    prog = _Progress(sys.stderr.isatty() and not args.json, len(work))
+    t0 = time.monotonic()
+    try:
+        results = run_pool(work, jobs, prog)
+    finally:
+        prog.close()
+    wall = time.monotonic() - t0
+    trials = sorted((r for r in results if r.get("_fn") == "run_trial"), key=lambda r: (r["id"], r["seed"]))
+    for t in trials:
+        t.pop("_fn", None)
+        if t.get("seconds_to_failure") is not None:
+            t["seconds_to_failure"] = round(t["seconds_to_failure"], 4)
+    diffs = {r["id"]: r["diff"] for r in results if r.get("_fn") == "run_diff_task"}
+    res = summarize(args.target, bugs, trials, diffs, {"seeds": args.seeds, "timeout": args.timeout, "jobs": jobs}, wall)
+    command = "kvspec patches --target {} --seeds {} --timeout {:g}{}".format(
+        args.target, args.seeds, args.timeout, f" --only {args.only}" if args.only else "")
+    res["command"] = command
+    res["reports"] = write_reports(res, args.report_dir, command) if args.report_dir else []
+    if args.json:
+        print(json.dumps(res, default=str))
+    else:
+        print(text_summary(res))
+    return 0 if res["verdict"] == "pass" else 1
+
+
+def text_summary(res: dict) -> str:
+    s = res["summary"]
+    lines = [f"kvspec patches --target {res['target']}: {res['verdict']} "
+             f"({len(res['patches'])} patches x {res['seeds']} seeds, {s['wall_seconds']:.0f} s)"]
+    for name, key in (("safety", "safety"), ("policy", "policy")):
+        c = s[key]
+        if c["bugs"]:
+            lines.append(f"  {name}: solve rate {100 * (c['solve_rate'] or 0):.1f}% ({c['solved']}/{c['trials']}), "
+                         f"median ttf {_fmt(c['median_seconds_to_failure'], 3)} s, p90 {_fmt(c['p90_seconds_to_failure'], 3)} s, "
+                         f"repro/minimal median {_fmt(c['median_repro_over_minimal'])}")
+    if s["rare_input"]["bugs"]:
+        r = s["rare_input"]
+        lines.append(f"  rare input: caught by check {r['caught_by_check']}/{r['bugs']}, by diff {r['caught_by_diff']}/{r['bugs']}")
+    lines.append(f"  equivalent mutants: false positives {s['equivalent']['false_positives']}")
+    for r in res["patches"]:
+        if (r["kind"] == "safety" and r["engine"] != "diff" and r["kills"] < r["seeds"]) or \
+                (r["kind"] == "equivalent" and r["kills"]):
+            lines.append(f"  ! {r['id']} ({r['kind']}): killed {r['kills']}/{r['seeds']}"
+                         + (f"; errors: {'; '.join(r['errors'])}" if r["errors"] else ""))
+    for p in res.get("reports", []):
+        lines.append(f"  wrote {p}")
+    return "\n".join(lines)

@@ -1,0 +1,435 @@
+"""Adapter for nano-vllm-style block managers (``nanovllm[:PACKAGE]``, and user classes
+with that API): a ``BlockManager`` driven through ``Sequence`` objects.
+
+Loading. ``PACKAGE.engine.block_manager`` and ``PACKAGE.engine.sequence`` are imported
+by their real names without running ``PACKAGE/__init__.py`` (which pulls in torch and
+transformers): for the import, lightweight stub modules stand in for ``PACKAGE`` and
+``PACKAGE.engine``, with ``__path__`` set to the real directories; they are removed
+again afterwards, so a later ``import PACKAGE`` runs the real ``__init__``. A patch is
+applied to temporary copies and served under the real names for one import window by
+a meta-path finder (``import_overlay``); the installed files are never written.
+
+Driving (cache level only: nano-vllm has no pool-level API). The driver plays
+nano-vllm's own scheduler (``engine/scheduler.py``): prefill = ``can_allocate`` then
+``allocate`` (the hit is ``seq.num_cached_tokens``); decode = ``append_token`` then
+``can_append`` / ``may_append``; preemption and finish = ``deallocate``; re-admission
+allocates again with every token. Two API generations are detected:
+
+- boolean (nano-vllm 2025, nano-vllm-fork): ``can_allocate(seq) -> bool``, ``allocate(seq)``
+  hashes full blocks itself, ``may_append`` hashes a block when it fills;
+- counted (later nano-vllm): ``can_allocate(seq)`` returns the number of cached blocks
+  or -1, ``allocate(seq, n)``, and the scheduler calls ``hash_blocks(seq)`` after each
+  step with ``seq.num_scheduled_tokens`` set.
+
+Observation. nano-vllm's state is a ``free_block_ids`` deque, a ``used_block_ids`` set
+and a ``hash_to_block_id`` dict that may keep entries for blocks since reused (lookups
+check the block's ``token_ids``). It is normalized so the generic invariants mean the
+same as for vLLM: ``queue`` is ``free_block_ids`` in order; a block's hash is reported
+while it is held, or while it is free and the dict can still hit it (otherwise nothing
+can ever hit it: it is not cached); the index holds the dict entries the manager's own
+lookup would accept, plus held blocks whose entry a later duplicate replaced.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional, Sequence as Seq
+
+from ..config import Config
+from ..observation import BlockState, Observation, RequestState
+from ..ops import Admit, Finish, Op, Preempt, Step
+from ..patching import PatchError, apply_unified_diff, parse_unified_diff
+from .base import Driver, Target, TargetError, Traits
+
+BOOLEAN, COUNTED = "boolean", "counted"  # the two can_allocate/allocate generations
+NANO_METHODS = ("can_allocate", "allocate", "deallocate", "can_append", "may_append")
+
+
+# -- importing with patched files ------------------------------------------------------
+class _Overlay(importlib.abc.MetaPathFinder):
+    def __init__(self, files: Mapping[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(self, name, path=None, target=None):
+        f = self.files.get(name)
+        if f is None:
+            return None
+        pkg = [str(f.parent)] if f.name == "__init__.py" else None
+        return importlib.util.spec_from_file_location(name, f, submodule_search_locations=pkg)
+
+
+@contextlib.contextmanager
+def import_overlay(files: Mapping[str, Path], sys_path: Seq[str] = ()) -> Iterator[None]:
+    """For the ``with`` body, module name -> source file ``files`` are imported afresh
+    from those files under their real names; afterwards ``sys.modules`` (and the parent
+    packages' attributes) hold exactly what they held before, so the fresh modules live
+    on only through the objects taken from them."""
+    saved = {n: sys.modules.pop(n) for n in list(files) if n in sys.modules}
+    parents = {}
+    for n in files:
+        parent, _, child = n.rpartition(".")
+        if parent in sys.modules:
+            parents[(parent, child)] = getattr(sys.modules[parent], child, _MISSING)
+    finder = _Overlay(files)
+    sys.meta_path.insert(0, finder)
+    sys.path[:0] = list(sys_path)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for p in sys_path:
+            sys.path.remove(p)
+        for n in files:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+        for (parent, child), value in parents.items():
+            mod = sys.modules.get(parent)
+            if mod is None:
+                continue
+            if value is _MISSING:
+                mod.__dict__.pop(child, None)
+            else:
+                setattr(mod, child, value)
+
+
+_MISSING = object()
+
+
+def patched_files(root: Path, prefix: str, diff_text: str, alias: str) -> dict[str, Path]:
+    """Apply ``diff_text`` (paths relative to ``root``, all under ``prefix``) to copies of
+    the files it names; return repository path -> patched copy in kvspec's temp dir."""
+    from .patched import _tmp_dir
+
+    for fp in parse_unified_diff(diff_text):
+        if not fp.path.startswith(prefix):
+            raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to {root})")
+
+    def read(rel: str) -> str:
+        f = root / rel
+        if not f.is_file():
+            raise FileNotFoundError(rel)
+        return f.read_text()
+
+    dest = _tmp_dir() / f"{alias}_{hashlib.sha1(diff_text.encode()).hexdigest()[:10]}"
+    out = {}
+    for rel, text in apply_unified_diff(diff_text, read).items():
+        f = dest / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+        out[rel] = f
+    return out
+
+
+def module_name(rel: str) -> str:
+    """``a/b/c.py`` -> ``a.b.c``; ``a/b/__init__.py`` -> ``a.b``."""
+    parts = rel[:-3].split("/") if rel.endswith(".py") else rel.split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# -- loading nano-vllm without its __init__ -------------------------------------------
+@contextlib.contextmanager
+def _stub_packages(package: str, pkg_dir: Path) -> Iterator[None]:
+    added = []
+    for name, d in ((package, pkg_dir), (f"{package}.engine", pkg_dir / "engine")):
+        if name not in sys.modules:
+            stub = types.ModuleType(name, "kvspec stand-in: the real __init__ is not run")
+            stub.__path__ = [str(d)]
+            sys.modules[name] = stub
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+def package_dir(package: str) -> Path:
+    mod = sys.modules.get(package)
+    if mod is not None and getattr(mod, "__path__", None):
+        return Path(list(mod.__path__)[0])
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(f"target nanovllm:{package}: package {package!r} is not installed "
+                          f"(pip install nano-vllm-fork --no-deps)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def load_nano(package: str = "nanovllm", patch_text: Optional[str] = None) -> tuple[type, type]:
+    """(BlockManager, Sequence) from ``PACKAGE.engine``, patched if ``patch_text``."""
+    pkg_dir = package_dir(package)
+    bm_name, seq_name = f"{package}.engine.block_manager", f"{package}.engine.sequence"
+    if not (pkg_dir / "engine" / "block_manager.py").is_file():
+        raise TargetError(f"target nanovllm:{package}: {pkg_dir}/engine/block_manager.py does not exist")
+    try:
+        with _stub_packages(package, pkg_dir):
+            if patch_text is None:
+                bm, seq = importlib.import_module(bm_name), importlib.import_module(seq_name)
+            else:
+                files = {module_name(rel): f for rel, f in
+                         patched_files(pkg_dir.parent, f"{package}/", patch_text, f"nanovllm_{package}").items()}
+                # Re-run both entry modules even when unpatched, so they bind the patched ones.
+                files.setdefault(seq_name, pkg_dir / "engine" / "sequence.py")
+                files.setdefault(bm_name, pkg_dir / "engine" / "block_manager.py")
+                with import_overlay(files):
+                    seq, bm = importlib.import_module(seq_name), importlib.import_module(bm_name)
+    except (TargetError, PatchError, SyntaxError):
+        raise
+    except Exception as e:  # ImportError of a dependency (xxhash, numpy), or the module's own failure
+        raise TargetError(f"target nanovllm:{package}: cannot import {bm_name}: {type(e).__name__}: {e}") from None
+    for mod, attr in ((bm, "BlockManager"), (seq, "Sequence")):
+        if not isinstance(getattr(mod, attr, None), type):
+            raise TargetError(f"target nanovllm:{package}: {mod.__name__} defines no class {attr}")
+    return bm.BlockManager, seq.Sequence
+
+
+# -- API detection ---------------------------------------------------------------------
+def _positional(fn) -> int:
+    """Positional parameters of a method, ``self`` excluded."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in kinds for p in params) - 1
+
+
+def missing_nano_methods(cls: type) -> list[str]:
+    return [m for m in NANO_METHODS if not callable(getattr(cls, m, None))]
+
+
+def detect_nano_api(cls: type) -> str:
+    """BOOLEAN or COUNTED (see the module doc); raises TargetError for neither."""
+    missing = missing_nano_methods(cls)
+    if missing:
+        raise TargetError(f"{cls.__name__} lacks the nano-vllm BlockManager methods {', '.join(missing)}")
+    n = _positional(cls.allocate)
+    if n >= 2 and callable(getattr(cls, "hash_blocks", None)):
+        return COUNTED
+    if n == 1:
+        return BOOLEAN
+    raise TargetError(f"{cls.__name__}.allocate takes {n} arguments: expected allocate(seq) "
+                      f"or allocate(seq, num_cached_blocks) with hash_blocks(seq)")
+
+
+# -- the driver ------------------------------------------------------------------------
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class NanoDriver(Driver):
+    def __init__(self, manager_cls: type, seq_cls: type, api: str, config: Config) -> None:
+        if config.level != "cache":
+            raise TargetError("nano-vllm-style managers have no pool-level API: use --level cache")
+        if not config.caching:
+            raise TargetError("nano-vllm-style managers always cache prefixes: caching=False is not supported")
+        self.bs = config.block_size
+        self.mgr = manager_cls(config.num_blocks, config.block_size)
+        self.seq_cls = seq_cls
+        self.counted = api == COUNTED
+        self.hash_blocks_args = _positional(manager_cls.hash_blocks) if self.counted else 0
+        self.seqs: dict[str, Any] = {}
+        self.running: set[str] = set()
+        # Decode tokens not yet fed to the Sequence: a refused step leaves its token here,
+        # where nano-vllm's scheduler would have preempted (the model keeps it waiting).
+        self.pending: dict[str, list[int]] = {}
+        self.content: dict[Any, tuple[int, ...]] = {}  # hash -> the block tokens it was computed for
+
+    # -- Sequence handling ---------------------------------------------------------------
+    def new_seq(self, tokens) -> Any:
+        seq = self.seq_cls(list(tokens))
+        try:  # an instance attribute, so drivers of different block sizes can coexist
+            seq.block_size = self.bs
+        except AttributeError:
+            pass
+        if seq.num_blocks != cdiv(len(seq), self.bs):  # a class that reads Sequence.block_size
+            type(seq).block_size = self.bs
+        return seq
+
+    @staticmethod
+    def pop_token(seq: Any) -> None:
+        """Undo append_token on nano-vllm's Sequence (or one with the same fields)."""
+        if callable(getattr(seq, "pop_token", None)):
+            seq.pop_token()
+            return
+        seq.token_ids.pop()
+        if isinstance(vars(seq).get("num_tokens"), int):
+            seq.num_tokens -= 1
+        if "last_token" in vars(seq):
+            seq.last_token = seq.token_ids[-1]
+
+    def _computed(self, seq: Any, n: int) -> None:
+        """What the counted generation's scheduler does after a forward of n tokens."""
+        seq.num_scheduled_tokens = n
+        if self.hash_blocks_args >= 2:
+            self.mgr.hash_blocks(seq, n)
+        else:
+            self.mgr.hash_blocks(seq)
+        seq.num_cached_tokens += n
+        seq.num_scheduled_tokens = 0
+
+    # -- ops -------------------------------------------------------------------------------
+    def apply(self, op: Op) -> Any:
+        m = self.mgr
+        if isinstance(op, Admit):
+            if op.prompt is not None:
+                if op.req in self.seqs:
+                    raise ValueError(f"request {op.req} already exists")
+                self.seqs[op.req] = self.new_seq(op.prompt)
+            elif op.req not in self.seqs or op.req in self.running:
+                raise ValueError(f"no waiting request {op.req}")
+            seq = self.seqs[op.req]
+            if self.counted:
+                n = m.can_allocate(seq)
+                if n is None or n is False or n < 0:
+                    return None
+                m.allocate(seq, n)
+                hit = seq.num_cached_tokens
+                self._computed(seq, len(seq) - hit)
+            else:
+                if not m.can_allocate(seq):
+                    return None
+                m.allocate(seq)
+                hit = seq.num_cached_tokens
+            self.running.add(op.req)
+            return hit
+        if isinstance(op, Step):
+            if op.req not in self.running:
+                raise ValueError(f"request {op.req} is not running")
+            seq, pend = self.seqs[op.req], self.pending.setdefault(op.req, [])
+            pend.append(op.token)
+            if len(pend) > 1:  # after a refusal: all of them or none, as the model decides
+                if cdiv(len(seq) + len(pend), self.bs) - len(seq.block_table) > len(m.free_block_ids):
+                    return False
+            while pend:
+                seq.append_token(pend[0])
+                if not m.can_append(seq):
+                    self.pop_token(seq)
+                    return False
+                pend.pop(0)
+                m.may_append(seq)
+                if self.counted:
+                    self._computed(seq, 1)
+            return True
+        if isinstance(op, (Preempt, Finish)):
+            seq = self.seqs.get(op.req)
+            if op.req in self.running or seq is None:
+                # nano-vllm's deallocate of a sequence holding nothing is a no-op: reach it anyway.
+                m.deallocate(seq if seq is not None else self.new_seq([0]))
+            self.running.discard(op.req)
+            if seq is not None:
+                for t in self.pending.pop(op.req, []):
+                    seq.append_token(t)  # a preempted request waits with every token it has
+            if isinstance(op, Finish):
+                self.seqs.pop(op.req, None)
+            return None
+        raise TypeError(f"{op!r} is not a cache-level op")
+
+    # -- observation -------------------------------------------------------------------------
+    def observe(self) -> Observation:
+        m = self.mgr
+        blocks, n = m.blocks, len(m.blocks)
+        free = list(m.free_block_ids)
+        free_set, used = set(free), set(m.used_block_ids)
+        problems = [f"block {b} is in both free_block_ids and used_block_ids" if b in free_set else
+                    f"block {b} is in neither free_block_ids nor used_block_ids"
+                    for b in range(n) if (b in free_set) == (b in used)]
+        for blk in blocks:  # a hash stands for one content: remember it while the block shows it
+            if _has_hash(blk.hash) and len(blk.token_ids) == self.bs:
+                self.content.setdefault(blk.hash, tuple(blk.token_ids))
+        table = m.hash_to_block_id
+
+        def hittable(h, b) -> bool:  # what allocate's lookup accepts: the block's tokens match
+            return 0 <= b < n and self.content.get(h) == tuple(blocks[b].token_ids)
+
+        states, index = [], {}
+        for b, blk in enumerate(blocks):
+            h = blk.hash if _has_hash(blk.hash) else None
+            if h is not None and blk.ref_count == 0 and not (table.get(h) == b and hittable(h, b)):
+                h = None  # free and unreachable: nothing can hit it, so it is not cached
+            states.append(BlockState(blk.ref_count, h, b in free_set))
+        for h, b in table.items():
+            if hittable(h, b):
+                index.setdefault(h, []).append(b)
+        for b, s in enumerate(states):
+            if s.hash is not None and b not in index.get(s.hash, ()):
+                index.setdefault(s.hash, []).append(b)  # held, its entry taken by a duplicate
+        reqs = {rid: RequestState(tuple(self.seqs[rid].block_table), len(self.seqs[rid]))
+                for rid in sorted(self.running)}
+        return Observation(blocks=tuple(states), queue=tuple(free), index={h: tuple(v) for h, v in index.items()},
+                           free_count=len(free), null_block=None, requests=reqs, queue_problems=tuple(problems))
+
+
+def _has_hash(h: Any) -> bool:
+    return h is not None and h != -1
+
+
+# -- target ----------------------------------------------------------------------------
+def probe_policies(manager_cls: type, seq_cls: type, api: str) -> dict[str, bool]:
+    """Read two documented-either-way policies off an (unpatched) manager:
+
+    - admit_all_blocks: with 3 blocks of 2 tokens, a holds [1,2][3]; may b = [1,2][4]
+      (one shared hit, one new block, one block free) be admitted?
+    - free_evicts: with a finished, is a's full block still cached?
+
+    A manager that fails the probe keeps the defaults; the checker then reports it."""
+    out = {"admit_all_blocks": False, "free_evicts": False}
+    try:
+        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2))
+        d.apply(Admit("a", (1, 2, 3)))
+        out["admit_all_blocks"] = d.apply(Admit("b", (1, 2, 4))) is None
+        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2))
+        d.apply(Admit("a", (1, 2, 3)))
+        first = d.observe().requests["a"].table[0]
+        d.apply(Finish("a"))
+        out["free_evicts"] = d.observe().blocks[first].hash is None
+    except Exception:
+        pass
+    return out
+
+
+def nano_traits(manager_cls: type, seq_cls: type, api: str) -> Traits:
+    return Traits(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
+                  documented_noops=frozenset({"free_unknown_request"}), index_latest_wins=True,
+                  min_block_size=2, **probe_policies(manager_cls, seq_cls, api))
+
+
+class NanoTarget(Target):
+    """Any nano-vllm-style (BlockManager, Sequence) pair; ``traits`` from the unpatched pair."""
+
+    def __init__(self, manager_cls: type, seq_cls: type, name: str, traits: Traits) -> None:
+        self.manager_cls, self.seq_cls, self.name, self.traits = manager_cls, seq_cls, name, traits
+        self.api = detect_nano_api(manager_cls)
+
+    def driver(self, config: Config) -> Driver:
+        return NanoDriver(self.manager_cls, self.seq_cls, self.api, config)
+
+    def describe(self) -> str:
+        t = self.traits
+        return (f"{self.name} ({self.api} can_allocate; admission counts "
+                f"{'every block' if t.admit_all_blocks else 'new blocks only'}; freed blocks "
+                f"{'leave the cache' if t.free_evicts else 'stay cached until reused'})")
+
+
+class NanoVllmTarget(NanoTarget):
+    def __init__(self, package: str = "nanovllm", patch_text: Optional[str] = None,
+                 patch_name: Optional[str] = None) -> None:
+        base_bm, base_seq = load_nano(package)
+        try:
+            api = detect_nano_api(base_bm)
+        except TargetError as e:
+            raise TargetError(f"target nanovllm:{package}: {e}") from None
+        traits = nano_traits(base_bm, base_seq, api)  # what the release does is what it documents
+        bm, seq = (base_bm, base_seq) if patch_text is None else load_nano(package, patch_text)
+        name = "nanovllm" if package == "nanovllm" else f"nanovllm:{package}"
+        super().__init__(bm, seq, f"{name}+{patch_name}" if patch_name else name, traits)
+        self.package = package
