@@ -2,6 +2,7 @@
 then cut each finding down and write it as a standalone pytest repro."""
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -18,7 +19,7 @@ from .invariants import title
 from .minimize import minimize_finding
 from .ops import Op
 from .repro import write_repro
-from .session import run_steps
+from .session import Session, run_steps
 from .targets.base import Target, TargetError
 from .violation import Violation
 
@@ -148,9 +149,11 @@ class LevelSearch:
         self.robust: dict[tuple, Finding] = {}
         self.machine = _machine(target, level, misuse, self._sink)
 
-    def _sink(self, violations: list[Violation], steps: list[Op], config: Config) -> None:
-        # Keep the shortest sequence per (invariant, misuse op, what went wrong).
-        key = (violations[0].invariant, type(steps[-1]).__name__, violations[0].message.split(" ")[-1])
+    def _sink(self, violations: list[Violation], steps: list[Op], config: Config, reason: str) -> None:
+        # Keep the shortest sequence per (invariant, misuse op, kind of misuse): the
+        # reason with its block ids and counts blanked, so "double free of block 3" and
+        # "double free of block 5" are one finding, a free of an unheld block another.
+        key = _robustness_key(violations[0].invariant, steps[-1], reason)
         if key not in self.robust or len(steps) < len(self.robust[key].steps):
             self.robust[key] = Finding("robustness", self.level, config, steps, violations, len(steps))
 
@@ -170,6 +173,24 @@ class LevelSearch:
                 raise
             return Finding("violation", self.level, cause.config, cause.steps, cause.violations, len(cause.steps))
         return None
+
+
+def _robustness_key(invariant: str, op: Op, reason: Optional[str]) -> tuple:
+    return (invariant, type(op).__name__, re.sub(r"-?\d+", "N", reason or ""))
+
+
+def _dedupe_robustness(target: Target, findings: list[Finding]) -> list[Finding]:
+    """After ddmin two findings may have become the same misuse (a double free cut
+    down to a free of an unheld block): keep the shortest of each kind."""
+    kept: dict[tuple, Finding] = {}
+    for f in findings:
+        session = Session(target, f.config)
+        for op in f.steps[:-1]:
+            session.apply(op)
+        key = _robustness_key(f.invariant, f.steps[-1], session.misuse_reason(f.steps[-1]))
+        if key not in kept or len(f.steps) < len(kept[key].steps):
+            kept[key] = f
+    return list(kept.values())
 
 
 def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, patch_text: Optional[str] = None,
@@ -199,6 +220,8 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
         allow = f.kind == "robustness" or misuse
         # ddmin, then a bounded BFS that may also move the repro to a smaller pool
         f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow)
+    report.robustness = _dedupe_robustness(target, report.robustness)
+    for f in report.violations + report.robustness:
         out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
         if out.failed and out.invariant == f.invariant:
             f.violations = out.violations

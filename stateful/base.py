@@ -40,7 +40,9 @@ def violation_error(invariant: str) -> type:
 
 
 # (violations, steps, config) for a misuse the target has no documented defence for.
-RobustnessSink = Callable[[list[Violation], list[Op], Config], None]
+# Called with the findings, the steps, the configuration and the misuse reason (the
+# model's one-line account of why the last op was a misuse).
+RobustnessSink = Callable[[list[Violation], list[Op], Config, str], None]
 
 
 class KVMachine(RuleBasedStateMachine):
@@ -72,7 +74,7 @@ class KVMachine(RuleBasedStateMachine):
         if not found:
             return
         if misuse is not None and not s.documents_misuse and self.on_robustness is not None:
-            self.on_robustness(found, list(s.steps), s.config)
+            self.on_robustness(found, list(s.steps), s.config, misuse)
             self.tainted = True
             return
         raise violation_error(found[0].invariant)(found, list(s.steps), s.config)
