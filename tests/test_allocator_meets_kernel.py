@@ -58,6 +58,7 @@ class AllocatorMeetsKernel(CacheMachine):
         s = self.session
         if s is None:
             return
+        type(self).counters["steps"] += 1  # KVMachine.run counts steps; this override replaces it
         before = s.obs
         s.apply(op)  # invariant findings are ignored here on purpose: the kernel must see the bug
         self._write_new_kv(op, before, s.obs, s.last_result)
