@@ -12,8 +12,13 @@ a meta-path finder (``import_overlay``); the installed files are never written.
 Driving (cache level only: nano-vllm has no pool-level API). The driver plays
 nano-vllm's own scheduler (``engine/scheduler.py``): prefill = ``can_allocate`` then
 ``allocate`` (the hit is ``seq.num_cached_tokens``); decode = ``append_token`` then
-``can_append`` / ``may_append``; preemption and finish = ``deallocate``; re-admission
-allocates again with every token. Two API generations are detected:
+``can_append`` / ``may_append``; preemption and finish = ``deallocate`` (also of a
+waiting request, which holds nothing: a no-op); re-admission allocates again with
+every token. Sequences get the manager's ``block_size`` (an instance attribute: the
+class default is 256). The manager is built as ``BlockManager(num_blocks, block_size)``,
+or by a user's factory with that convention (``user_target``). For the model checker
+the driver forks itself (``snapshot``/``restore``, deep copies), never by pickling.
+Two API generations are detected:
 
 - boolean (nano-vllm 2025, nano-vllm-fork): ``can_allocate(seq) -> bool``, ``allocate(seq)``
   hashes full blocks itself, ``may_append`` hashes a block when it fills;
@@ -32,6 +37,7 @@ lookup would accept, plus held blocks whose entry a later duplicate replaced.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import importlib.abc
@@ -40,7 +46,7 @@ import inspect
 import sys
 import types
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence as Seq
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence as Seq
 
 from ..config import Config
 from ..observation import BlockState, Observation, RequestState
@@ -226,14 +232,39 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# What the observation reads off a manager and its blocks (nano-vllm's own names).
+MANAGER_FIELDS = ("blocks", "free_block_ids", "used_block_ids", "hash_to_block_id")
+BLOCK_FIELDS = ("ref_count", "hash", "token_ids")
+
+
+def missing_internals(mgr: Any) -> list[str]:
+    """The nano-vllm internals the observation needs that ``mgr`` does not have."""
+    out = [f for f in MANAGER_FIELDS if not hasattr(mgr, f)]
+    blocks = getattr(mgr, "blocks", None)
+    if not out:
+        try:
+            first = blocks[0]
+        except (TypeError, IndexError, KeyError):
+            return ["blocks (a list of Block objects)"]
+        out += [f"Block.{f}" for f in BLOCK_FIELDS if not hasattr(first, f)]
+    return out
+
+
 class NanoDriver(Driver):
-    def __init__(self, manager_cls: type, seq_cls: type, api: str, config: Config) -> None:
+    """Plays nano-vllm's scheduler on one manager (see the module doc).
+
+    ``make(num_blocks, block_size)`` builds the manager: the class itself, or a user's
+    factory with the same convention."""
+
+    def __init__(self, manager_cls: type, seq_cls: type, api: str, config: Config,
+                 make: Optional[Callable[..., Any]] = None) -> None:
         if config.level != "cache":
             raise TargetError("nano-vllm-style managers have no pool-level API: use --level cache")
         if not config.caching:
             raise TargetError("nano-vllm-style managers always cache prefixes: caching=False is not supported")
-        self.bs = config.block_size
-        self.mgr = manager_cls(config.num_blocks, config.block_size)
+        self.mgr = (make or manager_cls)(config.num_blocks, config.block_size)
+        bs = getattr(self.mgr, "block_size", config.block_size)
+        self.bs = bs if isinstance(bs, int) and bs > 0 else config.block_size  # the Sequences follow the manager
         self.seq_cls = seq_cls
         self.counted = api == COUNTED
         self.hash_blocks_args = _positional(manager_cls.hash_blocks) if self.counted else 0
@@ -243,6 +274,21 @@ class NanoDriver(Driver):
         # where nano-vllm's scheduler would have preempted (the model keeps it waiting).
         self.pending: dict[str, list[int]] = {}
         self.content: dict[Any, tuple[int, ...]] = {}  # hash -> the block tokens it was computed for
+
+    # -- forking, for the model checker ------------------------------------------------------
+    # A manager and its Sequences are plain Python objects: a deep copy is a faithful,
+    # independent state. Not pickling: unpickling a class by its module name would run
+    # ``PACKAGE/__init__.py`` (torch, transformers). And not ``copy.deepcopy`` of a
+    # Sequence as is: nano-vllm's ``Sequence.__getstate__`` is meant for sending a
+    # sequence to a worker and drops ``token_ids`` once it has decoded a token, so the
+    # Sequences are copied attribute by attribute.
+    def snapshot(self) -> dict:
+        return _clone_state(self.__dict__)
+
+    def restore(self, snap: dict) -> "NanoDriver":
+        d = object.__new__(type(self))
+        d.__dict__.update(_clone_state(snap))
+        return d
 
     # -- Sequence handling ---------------------------------------------------------------
     def new_seq(self, tokens) -> Any:
@@ -321,10 +367,11 @@ class NanoDriver(Driver):
                     self._computed(seq, 1)
             return True
         if isinstance(op, (Preempt, Finish)):
+            # The scheduler's preempt and finish are both deallocate. A waiting request
+            # holds no blocks, and an unknown one gets an empty Sequence: nano-vllm's
+            # deallocate of either is a no-op (a documented one, see the traits).
             seq = self.seqs.get(op.req)
-            if op.req in self.running or seq is None:
-                # nano-vllm's deallocate of a sequence holding nothing is a no-op: reach it anyway.
-                m.deallocate(seq if seq is not None else self.new_seq([0]))
+            m.deallocate(seq if seq is not None else self.new_seq([0]))
             self.running.discard(op.req)
             if seq is not None:
                 for t in self.pending.pop(op.req, []):
@@ -343,13 +390,15 @@ class NanoDriver(Driver):
         problems = [f"block {b} is in both free_block_ids and used_block_ids" if b in free_set else
                     f"block {b} is in neither free_block_ids nor used_block_ids"
                     for b in range(n) if (b in free_set) == (b in used)]
+        problems += [f"free_block_ids holds {b}, which is not a block id" for b in free_set
+                     if not (type(b) is int and 0 <= b < n)]
         for blk in blocks:  # a hash stands for one content: remember it while the block shows it
             if _has_hash(blk.hash) and len(blk.token_ids) == self.bs:
                 self.content.setdefault(blk.hash, tuple(blk.token_ids))
         table = m.hash_to_block_id
 
         def hittable(h, b) -> bool:  # what allocate's lookup accepts: the block's tokens match
-            return 0 <= b < n and self.content.get(h) == tuple(blocks[b].token_ids)
+            return type(b) is int and 0 <= b < n and self.content.get(h) == tuple(blocks[b].token_ids)
 
         states, index = [], {}
         for b, blk in enumerate(blocks):
@@ -369,25 +418,42 @@ class NanoDriver(Driver):
                            free_count=len(free), null_block=None, requests=reqs, queue_problems=tuple(problems))
 
 
+def _clone_state(state: dict) -> dict:
+    memo: dict = {}
+    for seq in state["seqs"].values():
+        if hasattr(seq, "__dict__") and id(seq) not in memo:
+            c = object.__new__(type(seq))
+            memo[id(seq)] = c
+            c.__dict__.update(copy.deepcopy(vars(seq), memo))
+    return copy.deepcopy(state, memo)
+
+
 def _has_hash(h: Any) -> bool:
     return h is not None and h != -1
 
 
 # -- target ----------------------------------------------------------------------------
-def probe_policies(manager_cls: type, seq_cls: type, api: str) -> dict[str, bool]:
-    """Read two documented-either-way policies off an (unpatched) manager:
+def probe_policies(manager_cls: type, seq_cls: type, api: str,
+                   make: Optional[Callable[..., Any]] = None) -> dict[str, bool]:
+    """Read two policies off an (unpatched) manager. nano-vllm's history has both
+    settings of each, so which one a manager follows is its documented policy:
 
     - admit_all_blocks: with 3 blocks of 2 tokens, a holds [1,2][3]; may b = [1,2][4]
-      (one shared hit, one new block, one block free) be admitted?
-    - free_evicts: with a finished, is a's full block still cached?
+      (one shared hit, one new block, one block free) be admitted? nano-vllm's boolean
+      ``can_allocate`` counts every block of the request (refused); the counted one,
+      like vLLM, only the blocks it must take from the free list (admitted).
+    - free_evicts: with a finished, is a's full block still cached? nano-vllm-fork's
+      ``deallocate`` deletes the ``hash_to_block_id`` entry of a block it frees (its
+      "Fix: Clean up hash_to_block_id mapping to prevent stale references"); upstream
+      nano-vllm keeps it, and a later ``allocate`` may revive the free block.
 
     A manager that fails the probe keeps the defaults; the checker then reports it."""
     out = {"admit_all_blocks": False, "free_evicts": False}
     try:
-        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2))
+        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2), make)
         d.apply(Admit("a", (1, 2, 3)))
         out["admit_all_blocks"] = d.apply(Admit("b", (1, 2, 4))) is None
-        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2))
+        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2), make)
         d.apply(Admit("a", (1, 2, 3)))
         first = d.observe().requests["a"].table[0]
         d.apply(Finish("a"))
@@ -397,21 +463,55 @@ def probe_policies(manager_cls: type, seq_cls: type, api: str) -> dict[str, bool
     return out
 
 
-def nano_traits(manager_cls: type, seq_cls: type, api: str) -> Traits:
+def nano_traits(manager_cls: type, seq_cls: type, api: str, make: Optional[Callable[..., Any]] = None) -> Traits:
+    """What a nano-vllm-style manager documents, for the reference model:
+
+    - no null block; freed blocks go to the tail of ``free_block_ids`` (``append``), a
+      request's tail first (``deallocate`` walks ``reversed(seq.block_table)``), and new
+      blocks come from its front: plain LRU, the model's default order;
+    - misuse is met with ``assert`` at best: no documented defence (robustness findings);
+    - deallocating a Sequence that holds nothing is a no-op (``free_unknown_request``);
+    - one block per hash in ``hash_to_block_id``, the latest cached wins;
+    - block size at least 2: block boundaries are found with ``len(seq) % block_size == 1``,
+      which never holds for block size 1 (nano-vllm's Config asks multiples of 256);
+    - admission counting and eviction on free, read off the manager (``probe_policies``)."""
     return Traits(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
                   documented_noops=frozenset({"free_unknown_request"}), index_latest_wins=True,
-                  min_block_size=2, **probe_policies(manager_cls, seq_cls, api))
+                  min_block_size=2, **probe_policies(manager_cls, seq_cls, api, make))
 
 
 class NanoTarget(Target):
-    """Any nano-vllm-style (BlockManager, Sequence) pair; ``traits`` from the unpatched pair."""
+    """Any nano-vllm-style (BlockManager, Sequence) pair; ``traits`` from the unpatched pair.
 
-    def __init__(self, manager_cls: type, seq_cls: type, name: str, traits: Traits) -> None:
-        self.manager_cls, self.seq_cls, self.name, self.traits = manager_cls, seq_cls, name, traits
+    ``make(num_blocks, block_size)`` builds a manager (default: ``manager_cls`` itself)."""
+
+    def __init__(self, manager_cls: type, seq_cls: type, name: str, traits: Optional[Traits] = None,
+                 make: Optional[Callable[..., Any]] = None) -> None:
+        self.manager_cls, self.seq_cls, self.name, self.make = manager_cls, seq_cls, name, make
         self.api = detect_nano_api(manager_cls)
+        self.traits = traits if traits is not None else nano_traits(manager_cls, seq_cls, self.api, make)
 
     def driver(self, config: Config) -> Driver:
-        return NanoDriver(self.manager_cls, self.seq_cls, self.api, config)
+        return NanoDriver(self.manager_cls, self.seq_cls, self.api, config, self.make)
+
+    def check_internals(self) -> None:
+        """Raise TargetError (one line) unless a manager shows what the observation reads."""
+        try:
+            d = self.driver(Config(level="cache", num_blocks=4, block_size=2))
+        except TargetError:
+            raise
+        except Exception as e:
+            raise TargetError(f"cannot build {self.manager_cls.__name__}(num_blocks, block_size): "
+                              f"{type(e).__name__}: {e}") from None
+        missing = missing_internals(d.mgr)
+        if missing:
+            raise TargetError(f"{self.manager_cls.__name__} has the nano-vllm BlockManager methods but not the "
+                              f"internals kvspec observes: {', '.join(missing)}")
+        try:
+            d.new_seq([1, 2, 3])
+        except Exception as e:
+            raise TargetError(f"cannot build {self.seq_cls.__module__}.{self.seq_cls.__name__}(token_ids) with "
+                              f"block_size {d.bs}: {type(e).__name__}: {e}") from None
 
     def describe(self) -> str:
         t = self.traits
@@ -431,5 +531,8 @@ class NanoVllmTarget(NanoTarget):
         traits = nano_traits(base_bm, base_seq, api)  # what the release does is what it documents
         bm, seq = (base_bm, base_seq) if patch_text is None else load_nano(package, patch_text)
         name = "nanovllm" if package == "nanovllm" else f"nanovllm:{package}"
-        super().__init__(bm, seq, f"{name}+{patch_name}" if patch_name else name, traits)
+        try:
+            super().__init__(bm, seq, f"{name}+{patch_name}" if patch_name else name, traits)
+        except TargetError as e:
+            raise TargetError(f"target {name} with patch {patch_name}: {e}") from None
         self.package = package

@@ -6,6 +6,9 @@
     FILE.py:NAME          a user's class in a file
     module:NAME           a user's class in an importable module
 
+``api`` (``--api``: nanovllm, kvcachemanager or blockpool) names a user target's API
+instead of detecting it (see ``user_target``); the fixed targets refuse any other.
+
 Every failure raises ``TargetError`` with one line fit for the terminal.
 """
 from __future__ import annotations
@@ -30,7 +33,15 @@ def load_target(spec: str = "impl", patch: Optional[str] = None, api: Optional[s
         raise TargetError(f"target {spec}: cannot import: {e}") from None
 
 
+FIXED_API_TARGETS = ("impl", "vllm")  # both APIs, one per level
+
+
 def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
+    if api is not None:
+        if spec in FIXED_API_TARGETS:
+            raise TargetError(f"--api is for user targets (FILE.py:NAME, module:NAME): target {spec} has a fixed API")
+        if (spec == "nanovllm" or spec.startswith("nanovllm:")) and api != "nanovllm":
+            raise TargetError(f"--api {api}: target {spec} is a nano-vllm BlockManager (--api nanovllm)")
     diff = read_patch(patch) if patch else None
     if spec == "impl":
         from .impl_target import ImplTarget

@@ -1,0 +1,410 @@
+"""User targets: ``FILE.py:NAME`` and ``module:NAME``, a user's own allocator class.
+
+Loading. ``FILE.py`` is executed as a fresh module (its directory on ``sys.path`` while
+it runs, so it can import its neighbours); ``module`` is imported by name. ``NAME`` may
+be dotted (``Outer.Inner``). Nothing is cached between loads of different patches.
+
+What NAME may be. A class, built by kvspec with its API's constructor convention, or a
+factory (any other callable) called with that same convention and returning the
+allocator:
+
+==================  ============================================  ====================
+API (``--api``)     methods kvspec looks for                      built as
+==================  ============================================  ====================
+``nanovllm``        can_allocate, allocate, deallocate,           ``X(num_blocks, block_size)``
+                    can_append, may_append
+``kvcachemanager``  get_computed_blocks, allocate_slots, free     ``X(num_gpu_blocks, block_size, enable_caching=...)``
+                                                                  (kvspec impl style), or vLLM's
+                                                                  ``X(kv_cache_config, max_model_len, ...)``
+``blockpool``       get_new_blocks, free_blocks, touch,           ``X(num_gpu_blocks, enable_caching=...)``
+                    cache_full_blocks, get_cached_block,          (impl style), or vLLM's
+                    reset_prefix_cache                            ``X(num_gpu_blocks, enable_caching, hash_block_size)``
+==================  ============================================  ====================
+
+Without ``--api`` the API is detected from the methods (on the class, or on what the
+factory returns for ``(4, 2)``); a class with several is taken as the first of
+nanovllm, kvcachemanager, blockpool. Which of the two signatures a vLLM-style class
+has is read from its parameters: a ``cache_full_blocks`` whose first parameter is
+``request``, or a constructor whose first is ``kv_cache_config``, is vLLM 0.33.0's,
+and is driven exactly as ``--target vllm`` drives vLLM (vLLM's own Request objects and
+hashing: vllm must be installed); otherwise it is kvspec's ``impl`` API (see
+``impl/``), driven as ``--target impl`` is. The adapters are the same ones, handed
+the user's class instead of the upstream one.
+
+The nano-vllm API and Sequences. The manager reads requests through nano-vllm
+``Sequence`` objects. If the module that defines the class also has a ``Sequence``
+class (as ``nanovllm.engine.block_manager`` imports one), kvspec uses it, built as
+``Sequence(token_ids)`` with ``block_size`` set on each instance to the manager's;
+otherwise kvspec supplies ``kvspec.targets.nano_sequence.Sequence``, which has exactly
+the surface nano-vllm's managers read (``len``, ``block(i)``, ``num_blocks``,
+``block_table``, ``num_cached_tokens``, ``num_scheduled_tokens``, ``append_token``).
+The policies that nano-vllm's history has both ways (admission counting cached
+blocks; freed blocks leaving the cache) are read off the unpatched class, as for
+``--target nanovllm`` (``nanovllm_target.probe_policies``).
+
+What the observation reads. Each adapter reads the allocator's internals, so a class
+needs them too: nano-vllm's ``blocks`` (``ref_count``, ``hash``, ``token_ids``),
+``free_block_ids``, ``used_block_ids``, ``hash_to_block_id``; or a vLLM-v1-shaped
+pool's ``blocks`` (``block_id``, ``ref_cnt``, ``block_hash``), ``free_block_queue``
+(a doubly linked list with head and tail sentinels), ``cached_block_hash_to_block``,
+``get_num_free_blocks()``. A class without them is refused with one line.
+
+``--patch`` for user targets. For ``FILE.py`` the diff may change only that file,
+named by its path relative to the current directory (or by its bare name). For
+``module:NAME`` the paths are relative to the ``sys.path`` directory holding the
+module's top-level package (``mypkg/alloc.py``), as in that package's repository.
+Patched copies live in kvspec's temporary directory; the user's files are never
+written.
+
+Every failure is a ``TargetError`` with one line.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable, Optional
+
+from ..config import Config
+from ..patching import PatchError, apply_unified_diff, parse_unified_diff
+from .base import Driver, Target, TargetError, Traits
+from .nanovllm_target import NANO_METHODS, NanoTarget, import_overlay, module_name, patched_files
+
+POOL_METHODS = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "get_cached_block",
+                "reset_prefix_cache")
+MANAGER_METHODS = ("get_computed_blocks", "allocate_slots", "free")
+API_METHODS = {"nanovllm": NANO_METHODS, "kvcachemanager": MANAGER_METHODS, "blockpool": POOL_METHODS}
+API_NAMES = {"nanovllm": "nano-vllm BlockManager", "kvcachemanager": "KVCacheManager", "blockpool": "BlockPool"}
+PROBE_SIZE = (4, 2)  # what a factory is called with to see what it returns
+
+
+# -- loading -----------------------------------------------------------------------------
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``FILE.py:NAME`` / ``module:NAME`` -> (where, NAME)."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise TargetError(f"target {spec!r}: expected FILE.py:NAME or module:NAME")
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise TargetError(f"target {spec}: {name!r} is not a Python name")
+    return where, name
+
+
+def _alias(path: Path, patch_text: Optional[str]) -> str:
+    digest = hashlib.sha1(f"{path}\0{patch_text or ''}".encode()).hexdigest()[:10]
+    stem = "".join(c if c.isalnum() else "_" for c in path.stem)
+    return f"_kvspec_user_{stem}_{digest}"
+
+
+def _exec_file(spec: str, source: Path, run_from: Path, alias: str) -> ModuleType:
+    """Execute ``source`` as module ``alias`` with ``run_from``'s directory on sys.path."""
+    if alias in sys.modules:
+        return sys.modules[alias]
+    mspec = importlib.util.spec_from_file_location(alias, source)
+    if mspec is None or mspec.loader is None:
+        raise TargetError(f"target {spec}: cannot load {source} as Python")
+    module = importlib.util.module_from_spec(mspec)
+    sys.modules[alias] = module  # dataclasses and the like look themselves up here
+    here = str(run_from.parent)
+    sys.path.insert(0, here)
+    try:
+        mspec.loader.exec_module(module)
+    except (SyntaxError, ImportError):
+        del sys.modules[alias]
+        raise
+    except Exception as e:
+        del sys.modules[alias]
+        raise TargetError(f"target {spec}: importing {run_from} raised {type(e).__name__}: {e}") from None
+    finally:
+        try:
+            sys.path.remove(here)
+        except ValueError:
+            pass
+    return module
+
+
+def _patched_file(spec: str, path: Path, patch_text: str) -> Path:
+    """The patched copy of ``path``; the diff may name only that file."""
+    from .patched import _tmp_dir
+
+    cwd = Path.cwd().resolve()
+    for fp in parse_unified_diff(patch_text):
+        if (cwd / fp.path).resolve() != path and fp.path != path.name:
+            raise PatchError(f"{fp.path}: a --patch for target {spec} may change only {path.name} "
+                             f"(named relative to the current directory)")
+
+    def read(rel: str) -> str:
+        return path.read_text()
+
+    texts = apply_unified_diff(patch_text, read)
+    out = _tmp_dir() / _alias(path, patch_text) / path.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(next(iter(texts.values())) if texts else path.read_text())
+    return out
+
+
+def _load_file(spec: str, where: str, patch_text: Optional[str]) -> ModuleType:
+    path = Path(where).expanduser()
+    if not path.is_file():
+        raise TargetError(f"target {spec}: no such file {where}")
+    path = path.resolve()
+    source = path if patch_text is None else _patched_file(spec, path, patch_text)
+    return _exec_file(spec, source, path, _alias(path, patch_text))
+
+
+def _module_root(spec: str, modname: str) -> tuple[Path, str]:
+    """(the sys.path directory holding ``modname``'s top-level package, that package's name)."""
+    top = modname.split(".", 1)[0]
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as e:
+        raise TargetError(f"target {spec}: cannot import {modname}: {e}") from None
+    if found is None:
+        raise TargetError(f"target {spec}: no module named {top!r}")
+    if found.submodule_search_locations:
+        return Path(list(found.submodule_search_locations)[0]).parent, top
+    if found.origin and found.origin not in ("built-in", "frozen"):
+        return Path(found.origin).parent, top
+    raise TargetError(f"target {spec}: {top} has no source files to patch")
+
+
+def _load_module(spec: str, modname: str, patch_text: Optional[str]) -> ModuleType:
+    if patch_text is None:
+        try:
+            return importlib.import_module(modname)
+        except (SyntaxError, ImportError):
+            raise
+        except Exception as e:
+            raise TargetError(f"target {spec}: importing {modname} raised {type(e).__name__}: {e}") from None
+    root, top = _module_root(spec, modname)
+    is_pkg = (root / top).is_dir()
+    prefix = f"{top}/" if is_pkg else f"{top}.py"
+    for fp in parse_unified_diff(patch_text):
+        if not fp.path.startswith(prefix):
+            raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to {root})")
+    files = {module_name(rel): f for rel, f in patched_files(root, prefix, patch_text, f"user_{top}").items()}
+    importlib.import_module(modname)  # the originals, put back after the window
+    if modname not in files:  # re-run the target module too, so it binds the patched ones
+        origin = getattr(sys.modules[modname], "__file__", None)
+        if origin:
+            files[modname] = Path(origin)
+    try:
+        with import_overlay(files):
+            return importlib.import_module(modname)
+    except (SyntaxError, ImportError, PatchError):
+        raise
+    except Exception as e:
+        raise TargetError(f"target {spec}: the patched {modname} raised {type(e).__name__} on import: {e}") from None
+
+
+def load_object(spec: str, patch_text: Optional[str] = None) -> tuple[Any, ModuleType]:
+    """(the object NAME names, the module it was found in)."""
+    where, name = parse_spec(spec)
+    module = _load_file(spec, where, patch_text) if where.endswith(".py") else _load_module(spec, where, patch_text)
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"target {spec}: {where} has no {name}")
+        obj = getattr(obj, part)
+    return obj, module
+
+
+# -- API detection -----------------------------------------------------------------------
+def _params(fn: Any) -> list[str]:
+    """Parameter names, ``self`` excluded."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+    return names[1:] if names[:1] == ["self"] else names
+
+
+def _missing(cls: type, api: str) -> list[str]:
+    return [m for m in API_METHODS[api] if not callable(getattr(cls, m, None))]
+
+
+def resolve(obj: Any, spec: str, api: Optional[str]) -> tuple[str, type, Optional[Callable[..., Any]]]:
+    """(api, the allocator's class, the factory or None)."""
+    if api is not None and api not in API_METHODS:
+        raise TargetError(f"--api {api}: choose one of {', '.join(API_METHODS)}")
+    if isinstance(obj, type):
+        cls, make = obj, None
+    elif callable(obj):
+        make = obj
+        try:
+            ret = inspect.signature(obj).return_annotation
+        except (TypeError, ValueError):
+            ret = inspect.Signature.empty
+        if isinstance(ret, type) and ret is not inspect.Signature.empty:
+            cls = ret
+        else:
+            try:
+                cls = type(obj(*PROBE_SIZE))
+            except Exception as e:
+                raise TargetError(f"target {spec}: calling the factory {getattr(obj, '__name__', obj)}"
+                                  f"{PROBE_SIZE} raised {type(e).__name__}: {e}") from None
+    else:
+        raise TargetError(f"target {spec}: {type(obj).__name__} object is neither a class nor a factory")
+    if api is not None:
+        missing = _missing(cls, api)
+        if missing:
+            raise TargetError(f"target {spec}: {cls.__name__} lacks the {API_NAMES[api]} methods {', '.join(missing)}")
+        return api, cls, make
+    for a in API_METHODS:
+        if not _missing(cls, a):
+            return a, cls, make
+    closest = min(API_METHODS, key=lambda a: len(_missing(cls, a)))
+    raise TargetError(f"target {spec}: {cls.__name__} has none of the APIs kvspec drives (nano-vllm BlockManager, "
+                      f"vLLM KVCacheManager, vLLM BlockPool); as a {API_NAMES[closest]} it lacks "
+                      f"{', '.join(_missing(cls, closest))}")
+
+
+def is_vllm_signature(cls: type, api: str) -> bool:
+    if api == "blockpool":
+        return _params(cls.cache_full_blocks)[:1] == ["request"] or "hash_block_size" in _params(cls.__init__)
+    if api == "kvcachemanager":
+        return _params(cls.__init__)[:1] == ["kv_cache_config"]
+    return False
+
+
+def _misuse_errors(module: ModuleType, cls: type) -> tuple[type[BaseException], ...]:
+    """A ``KVCacheError`` exception class beside the class (its module or package), as
+    kvspec's impl documents its misuse defence; none means robustness findings."""
+    places = [module, sys.modules.get(cls.__module__)]
+    pkg = (cls.__module__ or "").rpartition(".")[0]
+    if pkg:
+        places.append(sys.modules.get(pkg))
+    for m in places:
+        err = getattr(m, "KVCacheError", None)
+        if isinstance(err, type) and issubclass(err, BaseException):
+            return (err,)
+    return ()
+
+
+# -- targets -----------------------------------------------------------------------------
+class _UpstreamView:
+    """vLLM's ``Upstream`` (kvspec.targets.vllm_target) with the user's class in place
+    of vLLM's BlockPool or KVCacheManager: the vLLM drivers build from ``up.block_pool``
+    and ``up.manager``, and take everything else (Request, hashing) from vLLM."""
+
+    def __init__(self, up: Any, **replace: Any) -> None:
+        self._up = up
+        self.__dict__.update(replace)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._up, name)
+
+
+class UserTarget(Target):
+    """A user's BlockPool or KVCacheManager, driven by the impl or vLLM adapter."""
+
+    def __init__(self, name: str, traits: Traits, make_driver: Callable[[Config], Driver], api: str, style: str) -> None:
+        self.name, self.traits, self._make_driver, self.api, self.style = name, traits, make_driver, api, style
+
+    def driver(self, config: Config) -> Driver:
+        return self._make_driver(config)
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.style} {API_NAMES[self.api]} API)"
+
+
+def _vllm_target(spec: str, api: str, build: Any) -> UserTarget:
+    try:
+        from .vllm_patch import import_vllm
+        from .vllm_target import Upstream, VllmCacheDriver, VllmPoolDriver
+        up = Upstream(import_vllm(None))
+    except ImportError as e:
+        raise TargetError(f"target {spec}: a vLLM-style {API_NAMES[api]} is driven with vLLM's Request and "
+                          f"hashing, and vllm cannot be imported: {e}") from None
+    import logging
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    traits = Traits(null_block=True, unhashed_free_first=True, misuse_errors=(),
+                    documented_noops=frozenset({"null_block", "foreign_free", "free_unknown_request"}),
+                    levels=("pool",) if api == "blockpool" else ("cache",))
+    if api == "blockpool":
+        view = _UpstreamView(up, block_pool=SimpleNamespace(BlockPool=build))
+        target = UserTarget(spec, traits, lambda c: VllmPoolDriver(view, c), api, "vLLM")
+    else:
+        view = _UpstreamView(up, manager=SimpleNamespace(KVCacheManager=build))
+        target = UserTarget(spec, traits, lambda c: VllmCacheDriver(view, c), api, "vLLM")
+    try:  # the shape the vLLM adapter reads (vLLM's own internals)
+        target.driver(Config(level=traits.levels[0], num_blocks=4, block_size=2)).observe()
+    except Exception as e:
+        raise TargetError(f"target {spec}: kvspec cannot build or observe this vLLM-style {API_NAMES[api]} as it "
+                          f"does vLLM's: {type(e).__name__}: {e}") from None
+    return target
+
+
+def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType) -> UserTarget:
+    from .impl_target import ImplCacheDriver, ImplPoolDriver, observe_pool
+
+    if api == "kvcachemanager":
+        missing = [m for m in ("make_request", "get_block_ids") if not callable(getattr(cls, m, None))]
+        if missing:
+            raise TargetError(f"target {spec}: {cls.__name__} has the KVCacheManager methods but not "
+                              f"{', '.join(missing)} (kvspec's impl API: make_request(request_id, prompt_token_ids), "
+                              f"get_block_ids(request_id)), nor vLLM's constructor (kv_cache_config, ...)")
+        ns = SimpleNamespace(KVCacheManager=build)
+        make_driver: Callable[[Config], Driver] = lambda c: ImplCacheDriver(ns, c)  # noqa: E731
+        level = "cache"
+    else:
+        ns = SimpleNamespace(BlockPool=build)
+        make_driver = lambda c: ImplPoolDriver(ns, c)  # noqa: E731
+        level = "pool"
+    try:
+        probe = make_driver(Config(level=level, num_blocks=4, block_size=2))
+    except Exception as e:
+        raise TargetError(f"target {spec}: cannot build {cls.__name__} as kvspec's impl API does: "
+                          f"{type(e).__name__}: {e}") from None
+    pool = probe.mgr.block_pool if level == "cache" else probe.pool
+    try:
+        observe_pool(pool)
+    except Exception as e:
+        raise TargetError(f"target {spec}: {cls.__name__} has the {API_NAMES[api]} methods but kvspec cannot read "
+                          f"its internals (blocks, free_block_queue, cached_block_hash_to_block, "
+                          f"get_num_free_blocks): {type(e).__name__}: {e}") from None
+    traits = Traits(null_block=getattr(pool, "null_block", None) is not None, unhashed_free_first=False,
+                    misuse_errors=_misuse_errors(module, cls), levels=(level,))
+    return UserTarget(spec, traits, make_driver, api, "kvspec impl")
+
+
+def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[str] = None,
+                     patch_name: Optional[str] = None) -> Target:
+    obj, module = load_object(spec)
+    api, cls, make = resolve(obj, spec, api)
+    name = f"{spec}+{patch_name}" if patch_name else spec
+    if patch_text is not None:
+        pobj, pmodule = load_object(spec, patch_text)
+        _, pcls, pmake = resolve(pobj, spec, api)
+    else:
+        pmodule, pcls, pmake = module, cls, make
+    if api == "nanovllm":
+        seq_cls = _sequence_class(module, cls)
+        try:
+            base = NanoTarget(cls, seq_cls, spec, make=make)  # the policies, from the unpatched class
+            base.check_internals()
+            target = base if patch_text is None else NanoTarget(pcls, _sequence_class(pmodule, pcls), name,
+                                                                base.traits, make=pmake)
+        except TargetError as e:
+            raise TargetError(f"target {spec}: {e}") from None
+        return target
+    if is_vllm_signature(cls, api):
+        return _vllm_target(name, api, pmake or pcls)
+    _impl_target(spec, api, cls, make or cls, module)  # the unpatched class must pass the shape checks
+    return _impl_target(name, api, pcls, pmake or pcls, pmodule)
+
+
+def _sequence_class(module: ModuleType, cls: Optional[type] = None) -> type:
+    """The module's own ``Sequence`` (or that of the module defining the class), else kvspec's."""
+    for m in (module, sys.modules.get(getattr(cls, "__module__", "") or "")):
+        seq = getattr(m, "Sequence", None)
+        if isinstance(seq, type):
+            return seq
+    from .nano_sequence import Sequence
+    return Sequence
+
+
+__all__ = ["load_user_target", "load_object", "resolve", "parse_spec"]
