@@ -47,15 +47,22 @@ class Upstream:
 
     def label_hash(self, label: str, block_size: int) -> bytes:
         """The real upstream hash standing for a pool-level label: the first-block hash
-        of a block whose tokens are the label's code points, repeated to fill it."""
+        of a block whose tokens are the label's code points, repeated to fill it. The
+        label also goes in as an extra key, because the truncated tokens alone collide
+        ("c1" and "c12" at two tokens per block)."""
         key = (label, block_size)
         if key not in self._labels:
-            tokens = (list(label.encode()) * block_size)[:block_size]
-            self._labels[key] = self.utils.hash_block_tokens(self.hash_fn, None, tokens)
+            self._labels[key] = self.utils.hash_block_tokens(self.hash_fn, None, label_tokens(label, block_size),
+                                                             (label,))
         return self._labels[key]
 
     def new_request(self, rid: str, tokens, block_hasher=None) -> Any:
         return self.request.Request(rid, list(tokens), self.sampling, None, block_hasher=block_hasher)
+
+
+def label_tokens(label: str, block_size: int) -> list[int]:
+    """A full block of tokens for a pool-level label (its code points, repeated)."""
+    return (list(label.encode()) * block_size)[:block_size]
 
 
 class VllmPoolDriver(Driver):
@@ -73,7 +80,7 @@ class VllmPoolDriver(Driver):
         if not self.caching:
             return  # vLLM's callers never cache with prefix caching off (no-prefix-cache coordinator)
         hashes = [self.up.label_hash(h, self.bs) for h in labels]
-        req = self.up.new_request("kvspec-pool", [t for h in labels for t in (list(h.encode()) * self.bs)[: self.bs]])
+        req = self.up.new_request("kvspec-pool", [t for h in labels for t in label_tokens(h, self.bs)])
         req.block_hashes = hashes  # the labels' hashes, not the prompt's chained ones: that is the mapping
         self.pool.cache_full_blocks(req, self._blocks(ids), 0, len(ids), self.bs, GROUP)
 

@@ -64,13 +64,23 @@ def test_the_machines_can_fail(make, bug):
 def test_labels_are_upstream_block_hashes(vllm):
     up = vllm.up
     utils = up.utils
-    assert up.label_hash("a", 2) == utils.hash_block_tokens(up.hash_fn, None, [97, 97])
+    assert up.label_hash("a", 2) == utils.hash_block_tokens(up.hash_fn, None, [97, 97], ("a",))
     assert utils.NONE_HASH is not None and up.label_hash("a", 2) != up.label_hash("b", 2)
+    # labels that agree on their first block_size code points must still differ
+    assert up.label_hash("c1", 2) != up.label_hash("c12", 2)
     s = Session(vllm, Config(level="pool", num_blocks=4))
     for op in (Alloc(1), Cache((1,), ("a",)), Free((1,))):
         assert s.apply(op) == []
     assert s.obs.blocks[1].hash == utils.make_block_hash_with_group_id(up.label_hash("a", 2), 0)
     assert s.apply(Lookup("a")) == [] and s.last_result == 1
+
+
+def test_labels_sharing_a_prefix_name_different_blocks(vllm):
+    s = Session(vllm, Config(level="pool", num_blocks=4))
+    for op in (Alloc(2), Cache((1, 2), ("c1", "c12")), Free((1, 2))):
+        assert s.apply(op) == []
+    assert s.apply(Lookup("c12")) == [] and s.last_result == 2
+    assert s.apply(Lookup("c1")) == [] and s.last_result == 1
 
 
 def test_cache_level_reads_upstream_request_tables(vllm):
