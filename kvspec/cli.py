@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mc", help="exhaustive bounded model checking")
     m.add_argument("--target", default="impl")
     m.add_argument("--patch")
-    m.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"])
+    m.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"], help="API of a user target")
     m.add_argument("--level", choices=["pool", "cache"], default="pool")
     m.add_argument("--blocks", type=int, default=5, help="usable blocks")
     m.add_argument("--depth", type=int, default=8)
