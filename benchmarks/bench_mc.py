@@ -7,7 +7,13 @@ lose.
     python benchmarks/bench_mc.py [--quick] [--out reports]
 
 Writes ``reports/mc.json`` (every number) and ``reports/mc.md`` (tables and notes).
-Runs in one process pinned to one core.
+Runs in one process pinned to one core (the baseline runs below are child processes
+pinned to the same core, one at a time).
+
+Before/after: ``--baseline DIR`` (default: ``git archive HEAD`` into a temporary folder)
+names a checkout of the code before the current changes; the acceptance configurations
+run there and here, alternately, in one benchmark run, next to this code with its old
+fork path selected (``fork="pickle", key_memo=False``).
 """
 from __future__ import annotations
 
@@ -15,7 +21,10 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +36,8 @@ from kvspec import mc as mcmod  # noqa: E402
 from kvspec.canonical import compact, pool_key  # noqa: E402
 from kvspec.config import Config  # noqa: E402
 from kvspec.enumerate_ops import Bounds, enabled_ops  # noqa: E402
-from kvspec.mc import PickleFork, model_check  # noqa: E402
+from kvspec.canonical import KeyMemo  # noqa: E402
+from kvspec.mc import FORKS, model_check  # noqa: E402
 from kvspec.ops import Cache  # noqa: E402
 from kvspec.session import Session  # noqa: E402
 from kvspec.targets import load_target  # noqa: E402
@@ -40,9 +50,12 @@ def cfg(level: str, usable: int) -> Config:
 
 
 def row(target, level: str, usable: int, depth: int, bounds: Bounds = Bounds(), fork: str = "auto",
-        time_cap: float = 600.0) -> dict:
-    r = model_check(target, cfg(level, usable), depth, bounds, time_cap=time_cap, fork=fork)
-    return {"level": level, "blocks": usable, "depth": depth, "requests": bounds.requests if level == "cache" else None,
+        time_cap: float = 600.0, key_memo=None) -> dict:
+    c0 = time.process_time()
+    r = model_check(target, cfg(level, usable), depth, bounds, time_cap=time_cap, fork=fork, key_memo=key_memo)
+    cpu = time.process_time() - c0
+    return {"cpu_seconds": round(cpu, 3), "fork_fallbacks": r.fork_fallbacks,
+            "key_memo": ("on" if level == "pool" else "off") if key_memo is None else ("on" if key_memo else "off"), "level": level, "blocks": usable, "depth": depth, "requests": bounds.requests if level == "cache" else None,
             "symmetry": bounds.symmetry, "fork": r.fork, "verdict": r.verdict, "states": r.states,
             "transitions": r.transitions, "transitions_per_state": round(r.transitions / max(r.states, 1), 2),
             "seconds": round(r.seconds, 3), "states_per_second": round(r.states_per_second, 1),
@@ -81,11 +94,13 @@ def breakdown(target, level: str, usable: int, depth: int) -> dict:
         setattr(owner, name, w)
 
     plain = model_check(target, cfg(level, usable), depth)
-    wrap(PickleFork, "load", "fork: unpickle a state (per transition)")
-    wrap(PickleFork, "save", "fork: pickle a new state")
+    fork_cls = FORKS["driver" if plain.fork == "driver-snapshot" else plain.fork]
+    wrap(fork_cls, "load", f"fork ({plain.fork}): restore a state (per transition)")
+    wrap(fork_cls, "save", f"fork ({plain.fork}): save a new state")
     wrap(Session, "apply", "Session.apply: target step + model step + observe + check")
     wrap(sess, "check_step", "  of which check_step (the catalogue)")
-    wrap(mcmod, "state_key", "canonical state key")
+    wrap(KeyMemo, "__call__", "canonical state key (exact-state memo included)")
+    wrap(mcmod, "state_key", "canonical state key (exact-state memo included)")
     wrap(mcmod, "enabled_ops", "enumerate enabled ops (per state)")
     try:
         r = model_check(target, cfg(level, usable), depth)
@@ -100,6 +115,75 @@ def breakdown(target, level: str, usable: int, depth: int) -> dict:
     per["rest of the search loop"] = round(total - sum(v for k, v in per.items() if not k.startswith("  ")), 2)
     return {"level": level, "blocks": usable, "depth": depth, "transitions": plain.transitions,
             "us_per_transition": round(total, 2), "parts_us": per}
+
+
+# -- before and after, side by side ---------------------------------------------------------
+_CHILD = r"""
+import json, os, sys, time
+try:
+    os.sched_setaffinity(0, {int(sys.argv[5])})
+except (AttributeError, OSError):
+    pass
+from kvspec.config import Config
+from kvspec.mc import model_check
+from kvspec.targets import load_target
+level, usable, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+c0 = time.process_time()
+r = model_check(load_target("impl"), Config(level=level, num_blocks=usable + 1, block_size=2), depth, time_cap=1800)
+print(json.dumps({"verdict": r.verdict, "states": r.states, "transitions": r.transitions, "seconds": r.seconds,
+                  "cpu_seconds": time.process_time() - c0, "fork": r.fork, "file": sys.modules["kvspec.mc"].__file__,
+                  "tag": sys.argv[4]}))
+"""
+
+
+def baseline_tree(path: str = "") -> Path:
+    """The code before the current changes: ``path``, or ``git archive HEAD`` unpacked."""
+    if path:
+        return Path(path).resolve()
+    d = Path(tempfile.mkdtemp(prefix="kvspec-mc-baseline-"))
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(d)], input=arch, check=True)
+    return d
+
+
+def run_tree(tree: Path, level: str, usable: int, depth: int, tag: str) -> dict:
+    cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = subprocess.run([sys.executable, "-c", _CHILD, level, str(usable), str(depth), tag, str(cpu)], cwd=str(tree),
+                         env=env, check=True, capture_output=True, text=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["file"].startswith(str(tree)), (r["file"], tree)  # really the baseline's code
+    return r
+
+
+def before_after(tree: Path, configs, reps: int) -> list[dict]:
+    """Per configuration: the baseline tree, this code on its old fork path, and this code,
+    run alternately ``reps`` times in this one benchmark run; the fastest of each kept."""
+    impl = load_target("impl")
+    out = []
+    for level, usable, depth in configs:
+        runs: dict[str, list[dict]] = {"baseline": [], "old_path": [], "new": []}
+        for _ in range(reps):
+            b = run_tree(tree, level, usable, depth, "baseline")
+            runs["baseline"].append({k: b[k] for k in ("verdict", "states", "transitions", "seconds", "cpu_seconds",
+                                                       "fork")})
+            runs["old_path"].append(row(impl, level, usable, depth, fork="pickle", key_memo=False, time_cap=1800))
+            runs["new"].append(row(impl, level, usable, depth, time_cap=1800))
+        best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
+        assert len({(r["verdict"], r["states"], r["transitions"]) for r in best.values()}) == 1, best
+        entry = {"level": level, "blocks": usable, "depth": depth, "reps": reps,
+                 "states": best["new"]["states"], "transitions": best["new"]["transitions"],
+                 "verdict": best["new"]["verdict"]}
+        for k, r in best.items():
+            entry[k] = {"fork": r["fork"], "seconds": round(r["seconds"], 3), "cpu_seconds": round(r["cpu_seconds"], 3),
+                        "states_per_second": round(r["states"] / r["seconds"], 1),
+                        "transitions_per_second": round(r["transitions"] / r["seconds"], 1),
+                        "all_seconds": [round(x["seconds"], 3) for x in runs[k]]}
+        entry["speedup_vs_baseline"] = round(best["baseline"]["seconds"] / best["new"]["seconds"], 2)
+        entry["speedup_vs_old_path"] = round(best["old_path"]["seconds"] / best["new"]["seconds"], 2)
+        entry["cpu_speedup_vs_baseline"] = round(best["baseline"]["cpu_seconds"] / best["new"]["cpu_seconds"], 2)
+        out.append(entry)
+    return out
 
 
 # -- the shortcut: drive the target only into new states -------------------------------------
@@ -119,7 +203,7 @@ def new_states_only(target, config: Config, depth: int, drive: bool = True, time
     s0 = Session(target, config)
     if s0.initial:
         return {"verdict": "violation", "invariant": s0.initial[0].invariant, "steps": 0, "states": 1, "seconds": 0.0}
-    fork = PickleFork(s0)
+    fork = mcmod.choose_fork(s0, [], "auto")   # the same fork as kvspec mc (in place for impl)
     blank = replace(s0.obs, blocks=())          # a constant: the key then reads the model only
 
     def key(m, used):
@@ -128,7 +212,7 @@ def new_states_only(target, config: Config, depth: int, drive: bool = True, time
         return compact(pool_key(m, blank, None)), sum(1 for x in used if x not in m.index)
 
     seen = {key(s0.model, frozenset())}
-    frontier = [(s0.model, fork.save(s0, None) if drive else None, s0.obs, 0, frozenset())]
+    frontier = [(_clone(s0.model), fork.save(s0, None) if drive else None, s0.obs, 0, frozenset())]
     states, transitions, driven = 1, 0, 0
     start = time.monotonic()
     for d in range(depth):
@@ -153,7 +237,7 @@ def new_states_only(target, config: Config, depth: int, drive: bool = True, time
                 if found:
                     return {"verdict": "violation", "invariant": found[0].invariant, "steps": n + 1,
                             "states": states, "seconds": round(time.monotonic() - start, 3)}
-                nxt.append((s.model, fork.save(s, None), s.obs, n + 1, u2))
+                nxt.append((_clone(s.model), fork.save(s, None), s.obs, n + 1, u2))
             if time.monotonic() - start > time_cap:
                 break
         frontier = nxt
@@ -207,6 +291,41 @@ COLS = [("level", "level"), ("blocks", "blocks"), ("depth", "depth"), ("verdict"
         ("states_per_second", "states/s"), ("transitions_per_second", "trans./s"), ("peak_rss_mib", "RSS MiB*")]
 
 
+def before_after_md(res: dict) -> list[str]:
+    ba = res.get("before_after")
+    if not ba:
+        return []
+    out = ["## Before and after (one run, alternating)", "",
+           f"Each configuration ran {ba[0]['reps']} times in each of three ways, alternating, within this one "
+           f"benchmark run: **before**, the code before this change (`{res.get('baseline_tree', '?')}`, run as a "
+           f"child process on the same core); **old path**, this code with the old fork selected "
+           f"(`fork=\"pickle\", key_memo=False`: it still has the faster observation and keys); **now**, this code "
+           f"as `kvspec mc` runs it. The fastest run of each is shown; all three saw the same states and "
+           f"transitions. CPU seconds are the process's own, less disturbed by other load than wall seconds.", "",
+           "| level | blocks | depth | states | transitions | | fork | seconds | CPU s | states/s | trans./s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in ba:
+        for k, name in (("baseline", "before"), ("old_path", "old path"), ("new", "now")):
+            r = e[k]
+            out.append(f"| {e['level']} | {e['blocks']} | {e['depth']} | {e['states']:,} | {e['transitions']:,} | "
+                       f"**{name}** | {r['fork']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | "
+                       f"{r['states_per_second']:,.0f} | {r['transitions_per_second']:,.0f} |")
+    out.append("")
+    out += [f"- {e['level']}, {e['blocks']} blocks, depth {e['depth']}: **{e['speedup_vs_baseline']:.2f}x** the "
+            f"states/s of before (CPU time: {e['cpu_speedup_vs_baseline']:.2f}x), {e['speedup_vs_old_path']:.2f}x "
+            f"the old fork path." for e in ba]
+    out.append("")
+    for e in ba:
+        b, n = e["baseline"], e["new"]
+        out.append(f"Per CPU second ({e['level']}, {e['blocks']} blocks, depth {e['depth']}): "
+                   f"{e['states'] / n['cpu_seconds']:,.0f} states/s and {e['transitions'] / n['cpu_seconds']:,.0f} "
+                   f"transitions/s now, against {e['states'] / b['cpu_seconds']:,.0f} and "
+                   f"{e['transitions'] / b['cpu_seconds']:,.0f} before; the wall-clock run took "
+                   f"{n['seconds'] / max(n['cpu_seconds'], 1e-9):.1f}x its CPU time (other load on the machine).")
+        out.append("")
+    return out
+
+
 def write_md(res: dict, path: Path) -> None:
     s = res["shortcut"]
     pool_rows = res["pool_blocks"] + res["pool_depth"]
@@ -216,6 +335,7 @@ def write_md(res: dict, path: Path) -> None:
     bd = res["breakdown"][0]
     per_tr = bd["us_per_transition"]
     apply_us = bd["parts_us"]["Session.apply: target step + model step + observe + check"]
+    check_us = bd["parts_us"].get("  of which check_step (the catalogue)", 0.0)
     mo = res["shortcut"]["model_only"].get("states_per_second", 0)
     late = [f"{b['bug']} ({b['new_states_only']} instead of {b['sound']})" for b in res["shortcut"]["corpus"]
             if b["new_states_only"] != b["sound"] and not b["new_states_only"].startswith("missed")]
@@ -224,7 +344,11 @@ def write_md(res: dict, path: Path) -> None:
         "",
         f"Generated by `python benchmarks/bench_mc.py{' --quick' if res['quick'] else ''}` on {res['machine']}, "
         f"one process pinned to one core, target `impl` (this repository's allocator), default domains "
-        f"(`kvspec.enumerate_ops.Bounds()`), symmetry reduction on, states forked by pickle.",
+        f"(`kvspec.enumerate_ops.Bounds()`), symmetry reduction on, states forked in place (`compact`), keys "
+        f"remembered per exact state at pool level (`KeyMemo`). The machine is shared with other work: "
+        f"wall-clock rates vary widely between runs (by 3x and more; the before/after table says how loaded this "
+        f"run was), so compare numbers within one table, not with earlier reports (the before/after table "
+        f"alternates its runs for that reason).",
         "",
         "## How the numbers are counted",
         "",
@@ -238,6 +362,9 @@ def write_md(res: dict, path: Path) -> None:
         "- *RSS MiB: the benchmark process's resident memory at the end of the run; it includes earlier runs "
         "(CPython keeps freed memory), so only increases are meaningful.",
         "",
+    ]
+    lines += before_after_md(res)
+    lines += [
         "## Growth per added block (pool level, fixed depth)",
         "",
         md_table(res["pool_blocks"], COLS),
@@ -266,12 +393,16 @@ def write_md(res: dict, path: Path) -> None:
     lines += [
         "## Symmetry reduction and forking",
         "",
-        md_table(res["ablation"], [("blocks", "blocks"), ("depth", "depth"), ("symmetry", "symmetry"), ("fork", "fork"), ("states", "states"),
+        md_table(res["ablation"], [("blocks", "blocks"), ("depth", "depth"), ("symmetry", "symmetry"), ("fork", "fork"),
+                                   ("key_memo", "key memo"), ("fork_fallbacks", "states pickled"), ("states", "states"),
                                    ("transitions", "transitions"), ("seconds", "seconds"),
                                    ("states_per_second", "states/s")]),
-        "Pool level, `impl`. `replay` rebuilds "
-        "each state by replaying its op prefix; `deepcopy` copies the session; `pickle` (the default) "
-        "unpickles a snapshot taken when the state was found.",
+        "Pool level, `impl`. `compact` (the default) puts one live session back into the saved state in place "
+        "(slot values, attribute dicts and fresh copies of lists and dicts, written back into the same objects); "
+        "`pickle` (the default before) unpickles a snapshot taken when the state was found; `deepcopy` copies "
+        "the session; `replay` rebuilds each state by replaying its op prefix. *states pickled*: states the "
+        "`compact` fork could not save in place and pickled instead (none on a correct target). *key memo*: "
+        "the canonical key looked up by the exact state's marshalled bytes when that state was seen before.",
         "",
         "## The 20,000 states/s target, and the shortcut that would reach further",
         "",
@@ -281,7 +412,11 @@ def write_md(res: dict, path: Path) -> None:
         f"margin, and the reason is structural rather than one slow spot: there are {acc['transitions_per_state']} "
         f"transitions per state, every one a real step of the target followed by the full catalogue. 20,000 "
         f"states/s would need {need_us:.1f} us per transition; one costs {per_tr:.0f} us (breakdown above), of "
-        f"which the target step, observation and `check_step` inside `Session.apply` alone take {apply_us:.0f} us.",
+        f"which the target step, observation and `check_step` inside `Session.apply` alone take {apply_us:.0f} us "
+        f"and the catalogue itself (`check_step`, {check_us:.0f} us) is more than 20,000 states/s would allow for "
+        f"the whole transition several times over. Forking, keys and observation are now a minority of the cost: "
+        f"removing them entirely would leave at most {1e6 / max(apply_us, 1e-9) / acc['transitions_per_state']:,.0f} "
+        f"states/s at this configuration.",
         "",
         "The shortcut of computing successor keys from the model and driving the target only into *new* "
         "states is faster, but it does not check the transitions into known states, and some bugs live only "
@@ -320,15 +455,35 @@ def write_md(res: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def depth_figure(res: dict, out: Path) -> None:
+    """Per-depth rows (pool and cache) as ``mc_states_per_depth.png``, linked from mc.md."""
+    from kvspec.figures import states_per_second_vs_depth
+
+    rows = res.get("pool_depth", []) + res.get("cache", [])
+    if not rows:
+        return
+    png = states_per_second_vs_depth(rows, out / "mc_states_per_depth.png")
+    md = out / "mc.md"
+    line = f"![kvspec mc: states and transitions per second against depth]({png.name})"
+    text = md.read_text() if md.exists() else ""
+    if line not in text:
+        md.write_text(text.rstrip("\n") + "\n\n" + line + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller configurations (a smoke run)")
     ap.add_argument("--out", default=str(ROOT / "reports"))
     ap.add_argument("--md-only", action="store_true", help="re-render mc.md from an existing mc.json")
+    ap.add_argument("--baseline", default="", help="checkout of the code before (default: git archive HEAD)")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the before/after runs")
+    ap.add_argument("--reps", type=int, default=2, help="alternating repetitions of the before/after runs")
     a = ap.parse_args()
     if a.md_only:
         out = Path(a.out)
-        write_md(json.loads((out / "mc.json").read_text()), out / "mc.md")
+        res = json.loads((out / "mc.json").read_text())
+        write_md(res, out / "mc.md")
+        depth_figure(res, out)
         return 0
     try:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -348,16 +503,28 @@ def main() -> int:
     res["cache_depth_growth"] = growth(res["cache"], "depth")
     res["breakdown"] = [breakdown(impl, "pool", 4, 6 if q else 7), breakdown(impl, "cache", 3, 5 if q else 6)]
     ab = (4, 6)
-    res["ablation"] = [row(impl, "pool", *ab, Bounds(symmetry=True), fork="pickle"),
-                       row(impl, "pool", *ab, Bounds(symmetry=False), fork="pickle"),
+    res["ablation"] = [row(impl, "pool", *ab, Bounds(symmetry=True)),
+                       row(impl, "pool", *ab, Bounds(symmetry=False)),
+                       row(impl, "pool", *ab, Bounds(symmetry=True), fork="pickle"),
+                       row(impl, "pool", *ab, Bounds(symmetry=True), fork="pickle", key_memo=False),
                        row(impl, "pool", *ab, fork="deepcopy"),
                        row(impl, "pool", *ab, fork="replay")]
     res["shortcut"] = shortcut_study(q)
+    if not a.no_baseline:
+        tree = baseline_tree(a.baseline)
+        res["baseline_tree"] = a.baseline or "git archive HEAD"
+        configs = [("pool", 4, 6), ("cache", 3, 5)] if q else [("pool", 5, 8), ("cache", 4, 8)]
+        try:
+            res["before_after"] = before_after(tree, configs, a.reps)
+        finally:
+            if not a.baseline:
+                shutil.rmtree(tree, ignore_errors=True)
     res["seconds_total"] = round(time.monotonic() - t0, 1)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "mc.json").write_text(json.dumps(res, indent=1) + "\n")
     write_md(res, out / "mc.md")
+    depth_figure(res, out)
     print(f"wrote {out / 'mc.json'} and {out / 'mc.md'} in {res['seconds_total']} s")
     return 0
 

@@ -80,17 +80,24 @@ def _obs_part(obs: Observation, order: list[int], bmap: dict, thmap: dict, rmap:
     ob = obs.blocks
     if len(ob) != len(order):
         return ("raw", _raw_obs(obs))
-    for b in order:
-        h = ob[b].hash
-        if h is not None and h not in thmap:
-            thmap[h] = len(thmap)
+    rows = []
+    for b in order:  # hashes numbered in block order as the rows are written
+        s = ob[b]
+        h = s.hash
+        if h is None:
+            rows.append((s.ref, -1, s.queued))
+        else:
+            t = thmap.get(h)
+            if t is None:
+                t = thmap[h] = len(thmap)
+            rows.append((s.ref, t, s.queued))
+    blocks = tuple(rows)
     stale = [h for h in obs.index if h not in thmap]
     if stale:
         stale.sort(key=lambda h: (tuple(sorted(bmap.get(b, -1) for b in obs.index[h])), repr(h)))
         for h in stale:
             thmap[h] = len(thmap)
     get = bmap.get
-    blocks = tuple([(s.ref, -1 if s.hash is None else thmap[s.hash], s.queued) for s in [ob[b] for b in order]])
     queue = tuple([get(b, ("?", b)) for b in obs.queue])
     index = tuple(sorted([(thmap[h], tuple([get(b, ("?", b)) for b in ids])) for h, ids in obs.index.items()]))
     reqs: Any = ()
@@ -99,6 +106,10 @@ def _obs_part(obs: Observation, order: list[int], bmap: dict, thmap: dict, rmap:
         reqs = tuple(sorted([(rm.get(r, ("?", r)), tuple([get(b, ("?", b)) for b in rs.table]), rs.computed)
                              for r, rs in obs.requests.items()]))
     return (blocks, queue, index, obs.free_count, reqs, obs.null_block, obs.queue_problems)
+
+
+def _repr_first(kv: tuple) -> str:
+    return repr(kv[0])
 
 
 def _items(d: dict) -> tuple:
@@ -138,13 +149,11 @@ def pool_key(m, obs: Observation, hashes, symmetry: bool = True) -> Hashable:
                 _raw_obs(obs), _items(t2k))
     null = m.null
     order: list[int] = [] if null is None else [null]
-    bmap: dict[int, int] = {} if null is None else {null: 0}
-    lmap: dict[Hashable, int] = {}
     # 1. the free queue, front first; the labels of queued blocks as they appear
-    for b in queue:
-        bmap[b] = len(order)
-        order.append(b)
-        h = hsh[b]
+    order += queue
+    bmap: dict[int, int] = {b: i for i, b in enumerate(order)}
+    lmap: dict[Hashable, int] = {}
+    for h in [hsh[b] for b in queue]:
         if h is not None and h not in lmap:
             lmap[h] = len(lmap)
     if len(order) < n:
@@ -220,7 +229,8 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
                 _raw_obs(obs), _items(t2k), _items(slots))
     # requests in an order given by their contents; ties by old id
     rids = sorted(reqs, key=lambda r: (not reqs[r].running, reqs[r].tokens, prompt_lens.get(r, -1),
-                                       reqs[r].computed, reqs[r].num_cached, len(reqs[r].table), r))
+                                       reqs[r].computed, reqs[r].num_cached, len(reqs[r].table), r)) \
+        if len(reqs) > 1 else list(reqs)
     rmap = {r: i for i, r in enumerate(rids)}
     null = pool.null
     bmap: dict[int, int] = {}
@@ -244,25 +254,92 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
     order = [0] * n
     for b, nb in bmap.items():
         order[nb] = b
-    model = (tuple((ref[b], hsh[b]) for b in order),
-             tuple(bmap[b] for b in queue),
-             tuple(sorted((k, tuple(bmap[b] for b in bs)) for k, bs in index.items())),
-             tuple((tuple(q.tokens), prompt_lens.get(r, -1), q.running, q.computed, q.num_cached,
-                    tuple(bmap[b] for b in q.table)) for r, q in ((r, reqs[r]) for r in rids)))
+    model = (tuple([(ref[b], hsh[b]) for b in order]),
+             tuple([bmap[b] for b in queue]),
+             tuple(sorted([(k, tuple([bmap[b] for b in bs])) for k, bs in index.items()])),
+             tuple([(tuple(q.tokens), prompt_lens.get(r, -1), q.running, q.computed, q.num_cached,
+                     tuple([bmap[b] for b in q.table])) for r, q in [(r, reqs[r]) for r in rids]]))
     # target hashes are functions of the tokens here: kept, only blocks and requests are renamed
     ob = obs.blocks
     if len(ob) == n:
         get = bmap.get
-        opart: Any = (tuple((s.ref, s.hash, s.queued) for s in (ob[b] for b in order)),
-                      tuple(get(b, ("?", b)) for b in obs.queue),
-                      tuple(sorted(((h, tuple(get(b, ("?", b)) for b in ids)) for h, ids in obs.index.items()),
-                                   key=lambda kv: repr(kv[0]))),
+        opart: Any = (tuple([(s.ref, s.hash, s.queued) for s in [ob[b] for b in order]]),
+                      tuple([get(b, ("?", b)) for b in obs.queue]),
+                      tuple(sorted([(h, tuple([get(b, ("?", b)) for b in ids])) for h, ids in obs.index.items()],
+                                   key=_repr_first)),
                       obs.free_count,
-                      tuple(sorted((rmap.get(r, ("?", r)), tuple(get(b, ("?", b)) for b in rs.table), rs.computed)
-                                   for r, rs in obs.requests.items())),
+                      tuple(sorted([(rmap.get(r, ("?", r)), tuple([get(b, ("?", b)) for b in rs.table]), rs.computed)
+                                    for r, rs in obs.requests.items()])),
                       obs.null_block, obs.queue_problems)
-        shadow_part = tuple(sorted(((get(b, ("?", b)), off), content) for (b, off), content in slots.items()))
+        shadow_part = tuple(sorted([((get(b, ("?", b)), off), content) for (b, off), content in slots.items()]))
     else:
         opart = ("raw", _raw_obs(obs))
         shadow_part = _items(slots)
     return (model, opart, _items(t2k), shadow_part)
+
+
+# -- remembering keys per exact state ------------------------------------------------------
+class KeyMemo:
+    """``compact(state_key(...))``, remembered per *exact* state.
+
+    Most transitions of a search land on a state that some earlier transition reached
+    with the very same ids, labels and hashes (at pool level about three in four), and
+    the canonical key is a pure function of the state. So the key is kept under the
+    state's raw form: the marshalled bytes of every input that ``pool_key`` /
+    ``cache_key`` reads (the model's ref counts, hashes, queue and index, and requests;
+    the whole observation; the hash history; the shadow KV store; the prompt lengths),
+    containers in their own order. Equal raw bytes mean equal inputs, so the memo never
+    changes a key: it only skips recomputing one. (Keep ``_raw_*`` in step with the key
+    functions above: every input they read must be in the raw form.) A state that
+    marshal cannot write (a target's own hash type) is keyed without the memo. The memo
+    holds at most ``limit`` entries (about half a KiB each at pool level, so about
+    130 MiB at the default) and then starts afresh, so it cannot push a search into
+    the memory cap much sooner. It is on by default at pool level only: at cache level
+    fewer transitions revisit an exact state and the raw form costs nearly as much as
+    the key (cache level, 3 blocks, depth 6: no measurable gain).
+    """
+
+    def __init__(self, level: str, symmetry: bool = True, limit: int = 1 << 18) -> None:
+        self.level = level
+        self.symmetry = symmetry
+        self.limit = limit      # entries kept at most (then the memo starts afresh)
+        self.memo: dict = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, session, extra: Optional[dict] = None) -> Hashable:
+        try:
+            raw = _raw_cache(session, extra) if self.level == "cache" else _raw_pool(session)
+        except (ValueError, TypeError, AttributeError):
+            raw = None
+        if raw is not None:
+            k = self.memo.get(raw)
+            if k is not None:
+                self.hits += 1
+                return k
+        self.misses += 1
+        k = compact(state_key(session, extra, self.symmetry))
+        if raw is not None:
+            if len(self.memo) >= self.limit:
+                self.memo.clear()
+            self.memo[raw] = k
+        return k
+
+
+def _raw_obs_parts(o: Observation) -> tuple:
+    return ([(b.ref, b.hash, b.queued) for b in o.blocks], o.queue, o.index, o.free_count, o.null_block,
+            o.queue_problems, [(r, rs.table, rs.computed) for r, rs in o.requests.items()] if o.requests else None)
+
+
+def _raw_pool(s) -> Optional[bytes]:
+    m, h = s.model, s.hashes
+    return marshal.dumps((m.ref, m.hash, m.queue, m.index, _raw_obs_parts(s.obs),
+                          None if h is None else h.t2k), 2)
+
+
+def _raw_cache(s, extra: Optional[dict]) -> Optional[bytes]:
+    m, h, sh = s.model, s.hashes, s.shadow
+    p = m.pool
+    reqs = [(r, q.tokens, q.running, q.computed, q.num_cached, q.table) for r, q in m.reqs.items()]
+    return marshal.dumps((p.ref, p.hash, p.queue, p.index, reqs, (extra or {}).get("prompt_lens", {}),
+                          _raw_obs_parts(s.obs), None if h is None else h.t2k, None if sh is None else sh.slots), 2)

@@ -12,15 +12,24 @@ How a state is stored and revisited
 The target is driven for real. A state is the whole ``Session`` after a path of ops;
 to try each enabled op from it, the search *forks* it:
 
-* ``pickle`` (the default where it works): the session's mutable parts (the target's
-  driver, the model, the hash history, the shadow KV store) are pickled once when the
-  state is found and unpickled once per transition out of it. Modules are pickled by
-  name and the target, config and traits are shared. A driver may also define
-  ``snapshot()``/``restore(snap)``; the search then calls those instead;
+* ``compact`` (the default where the driver offers it, as impl's do): one live session
+  is put back into the saved state *in place* before each transition. The driver's
+  ``snapshot()`` (marked ``in_place``) saves its objects' slot values and attribute
+  dicts and ``restore(snap)`` writes them back into the same objects, with fresh copies
+  of every list and dict (``kvspec.targets.impl_target.GraphSnapshot``); the model, the
+  hash history and the shadow KV store are saved the same way. A state that cannot be
+  saved so exactly (an object the first snapshot did not see, a list reachable twice)
+  is pickled instead;
+* ``pickle``: the session's mutable parts (the target's driver, the model, the hash
+  history, the shadow KV store) are pickled once when the state is found and unpickled
+  once per transition out of it. Modules are pickled by name and the target, config
+  and traits are shared. A driver may also define ``snapshot()``/``restore(snap)``
+  returning a new driver; the search then calls those instead (``driver-snapshot``);
 * ``deepcopy``, where the driver does not pickle;
 * ``replay``, where neither works: a fresh session replays the state's op prefix.
 
-``auto`` picks the first that round-trips the initial state faithfully.
+``auto`` picks the first that round-trips the initial state faithfully. Every way of
+forking sees the same states and transitions (tests/test_mc.py compares them).
 
 Every transition is driven and checked, also those into states seen before: a bug
 can live in the step back into a known state (reviving a cached block with ``touch``
@@ -29,7 +38,10 @@ always lands on a state that ``alloc`` + ``cache`` reach sooner). The state key 
 labels, hash values and request ids renamed canonically (the soundness argument is in
 that module). A state is expanded once; a transition whose check fails ends the search
 with the path to it, which is a shortest counterexample because the search is
-breadth-first. With ``invariant=`` (the minimizer), only a failure of that invariant
+breadth-first. The key of an exact (not renamed) state seen before is looked up rather
+than rebuilt (``kvspec.canonical.KeyMemo``, on at pool level; ``key_memo=False`` turns
+it off): the key is a pure function of the state, so this changes no key. With
+``invariant=`` (the minimizer), only a failure of that invariant
 ends the search; a transition failing another way is a dead end.
 
 Counting: ``states`` are distinct canonical states (the initial one included), each
@@ -56,7 +68,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .canonical import compact, state_key
+from .canonical import KeyMemo, compact, state_key
 from .config import Config
 from .enumerate_ops import Bounds, enabled_ops
 from .ops import Admit, Finish, Op
@@ -170,38 +182,117 @@ class ReplayFork(Fork):
         return s
 
 
-FORKS = {"pickle": PickleFork, "deepcopy": DeepcopyFork, "replay": ReplayFork, "driver": DriverSnapshotFork}
+class CompactFork(Fork):
+    """One live session, put back into each saved state in place (the default for
+    drivers whose ``snapshot()`` is marked ``in_place``, such as impl's).
+
+    The driver saves and restores itself (``kvspec.targets.impl_target.GraphSnapshot``:
+    slot values, attribute dicts and fresh copies of its lists and dicts, put back into
+    the same objects); the model, the hash history and the shadow KV store are saved the
+    same way. A state either cannot save exactly (``snapshot()`` or ``capture()`` gives
+    None: something outside the known objects, a list reachable twice, ...) is pickled
+    instead, and loading it gives a separate session, as ``PickleFork`` does."""
+
+    name = "compact"
+
+    def __init__(self, template: Session) -> None:
+        super().__init__(template)
+        from .targets.impl_target import GraphSnapshot
+
+        if template.incremental or not getattr(getattr(type(template.driver), "snapshot", None), "in_place", False):
+            raise TypeError("no in-place snapshot for this session")
+        self.live = template
+        self.rest_names = [k for k in self._mutable(template) if k != "driver"]
+        rest = [getattr(template, k) for k in self.rest_names]
+        self.graph = GraphSnapshot([r for r in rest if not _is_scalar(r)])
+        if not self.graph.ok:
+            raise TypeError("the session's state cannot be saved in place")
+        self.pickled = PickleFork(template)
+        self.fallbacks = 0   # states that had to be pickled
+
+    def save(self, s, path):
+        if s is self.live:
+            snap = s.driver.snapshot()
+            if snap is not None:
+                rest = self.graph.capture()
+                if rest is not None:
+                    return (snap, rest, tuple(getattr(s, k) for k in self.rest_names))
+        self.fallbacks += 1
+        return self.pickled.save(s, path)
+
+    def load(self, saved, obs):
+        if type(saved) is bytes:
+            return self.pickled.load(saved, obs)
+        snap, rest, fields = saved
+        s = self.live
+        drv = s.driver.restore(snap)
+        if drv is not s.driver:
+            s.driver = drv
+        self.graph.restore(rest)
+        d = s.__dict__
+        for k, v in zip(self.rest_names, fields):
+            d[k] = v
+        s.obs, s.steps, s.initial, s.last_result = obs, [], [], None
+        return s
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or type(v) in (int, bool, float, str)
+
+
+FORKS = {"compact": CompactFork, "pickle": PickleFork, "deepcopy": DeepcopyFork, "replay": ReplayFork,
+         "driver": DriverSnapshotFork}
 
 
 def _faithful(fork: Fork, s0: Session, probe: list[Op]) -> bool:
-    """Does a forked copy behave like a fresh session (observation after each probe op)?"""
+    """Does a forked copy behave like a fresh session (observation after each probe op)?
+    (With an in-place fork the copy *is* ``s0``: it is put back before each use.)"""
+    obs0 = s0.obs
+    saved = None
     try:
         saved = fork.save(s0, lambda: [])
-        if fork.load(saved, s0.obs).driver.observe() != s0.obs:
+        if fork.load(saved, obs0).driver.observe() != obs0:
             return False
         for op in probe:
-            a = fork.load(saved, s0.obs)
+            a = fork.load(saved, obs0)
             b = Session(s0.target, s0.config)
             ra, rb = a.apply(op), b.apply(op)
             if a.obs != b.obs or [v.invariant for v in ra] != [v.invariant for v in rb]:
                 return False
             # and the copy is independent of its source
-            if fork.load(saved, s0.obs).driver.observe() != s0.obs:
+            if fork.load(saved, obs0).driver.observe() != obs0:
                 return False
         return True
     except Exception:
         return False
+    finally:
+        if saved is not None:
+            try:
+                fork.load(saved, obs0)
+            except Exception:
+                pass
 
 
 def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
     if strategy != "auto":
         return FORKS[strategy](s0)
-    order = (["driver"] if hasattr(s0.driver, "snapshot") and hasattr(s0.driver, "restore") else []) \
+    snapshot = getattr(type(s0.driver), "snapshot", None)
+    order = (["compact"] if getattr(snapshot, "in_place", False) and not s0.incremental else []) \
+        + (["driver"] if hasattr(s0.driver, "snapshot") and hasattr(s0.driver, "restore") else []) \
         + ["pickle", "deepcopy"]
+    backup = None
     for name in order:
-        fork = FORKS[name](s0)
+        try:
+            fork = FORKS[name](s0)
+        except TypeError:
+            continue
+        if name == "compact" and backup is None:
+            backup = _dumps(Fork._mutable(s0)), s0.obs   # trying it drives s0 itself
         if _faithful(fork, s0, probe):
             return fork
+        if name == "compact":
+            s0.__dict__.update(pickle.loads(backup[0]))
+            s0.obs, s0.steps, s0.last_result = backup[1], [], None
     return ReplayFork(s0)
 
 
@@ -223,6 +314,7 @@ class MCResult:
     levels: list[int] = field(default_factory=list)   # new states per depth (index 0: the initial state)
     pruned: int = 0                    # transitions failing another invariant (with ``invariant=``)
     fork: str = ""
+    fork_fallbacks: int = 0            # states the ``compact`` fork had to pickle instead
     peak_rss_mib: float = 0.0
     repro: Optional[str] = None
     replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
@@ -252,6 +344,7 @@ class MCResult:
             "invariant": self.invariant, "message": v.message if v else None, "excerpt": v.excerpt if v else None,
             "repro": self.repro, "replayed": self.replayed, "config": self.config.to_dict(),
             "bounds": self.bounds.to_dict(), "levels": self.levels, "pruned": self.pruned, "fork": self.fork,
+            "fork_fallbacks": self.fork_fallbacks,
             "peak_rss_mib": round(self.peak_rss_mib, 1),
         }
 
@@ -282,13 +375,15 @@ class _Progress:
         self.enabled = enabled
         self.last = 0.0
 
-    def show(self, now: float, start: float, depth: int, frontier: int, states: int, transitions: int) -> None:
-        if not self.enabled or now - self.last < 0.25:
+    def show(self, now: float, start: float, depth: int, frontier: int, states: int, transitions: int,
+             force: bool = False) -> None:
+        if not self.enabled or (now - self.last < 0.25 and not force):
             return
         self.last = now
         el = max(now - start, 1e-9)
-        sys.stderr.write(f"\r\033[K[mc] depth {depth}  frontier {frontier}  states {states}  "
-                         f"transitions {transitions}  {states / el:,.0f} states/s  {el:5.1f}s")
+        sys.stderr.write(f"\r\033[K[mc] depth {depth}  frontier {frontier:,}  states {states:,}  "
+                         f"transitions {transitions:,}  {states / el:,.0f} states/s  "
+                         f"{transitions / el:,.0f} transitions/s  {el:5.1f}s")
         sys.stderr.flush()
 
     def done(self) -> None:
@@ -300,7 +395,7 @@ class _Progress:
 # -- the search ----------------------------------------------------------------------
 def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bounds] = None, *,
                 time_cap: float = 300.0, mem_cap_gib: float = 2.0, progress: bool = False,
-                invariant: Optional[str] = None, fork: str = "auto") -> MCResult:
+                invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None) -> MCResult:
     """Breadth-first search of every state reachable in at most ``depth`` valid ops.
 
     Returns the first (so shortest) failing path as ``counterexample``; with
@@ -313,10 +408,12 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
     mem_cap = int(mem_cap_gib * 2**30)
     res = MCResult("pass", config, bounds, depth)
     prog = _Progress(progress)
+    forker: Optional[Fork] = None
 
     def finish(verdict: str) -> MCResult:
         res.verdict = verdict
         res.seconds = time.monotonic() - start
+        res.fork_fallbacks = getattr(forker, "fallbacks", 0) if forker is not None else 0
         res.peak_rss_mib = max(res.peak_rss_mib, rss_bytes() / 2**20)
         prog.done()
         return res
@@ -350,7 +447,10 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
             out.append(op)
         return out[::-1]
 
-    seen = {compact(state_key(s0, extra0, sym))}
+    if key_memo is None:
+        key_memo = not cache   # at pool level most transitions revisit an exact state (see KeyMemo)
+    key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
+    seen = {key_of(s0, extra0)}
     frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
     tick = 0
     for d in range(1, depth + 1):
@@ -358,9 +458,8 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
         for saved, obs, extra, idx in frontier:
             base = forker.load(saved, obs)
             ops = ops_of(base, extra)
-            last = len(ops) - 1
             for i, op in enumerate(ops):
-                s = base if i == last else forker.load(saved, obs)
+                s = base if i == 0 else forker.load(saved, obs)   # each op from the saved state
                 res.transitions += 1
                 found = s.apply(op)
                 if found:
@@ -372,7 +471,7 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                     res.pruned += 1
                     continue
                 ex2 = _next_extra(extra, op) if cache else extra
-                k = compact(state_key(s, ex2, sym))
+                k = key_of(s, ex2)
                 if k in seen:
                     continue
                 seen.add(k)
@@ -398,6 +497,7 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                         return finish("incomplete")
         res.levels.append(len(nxt))
         res.depth = d
+        prog.show(time.monotonic(), start, d, len(nxt), res.states, res.transitions, force=True)
         frontier = nxt
         if not nxt:
             res.exhausted = True

@@ -39,7 +39,8 @@ def _text(a: argparse.Namespace, r: MCResult) -> str:
     lines = [head,
              f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth} explored"
              + (" (every reachable state seen)" if r.exhausted else "")
-             + f", {r.seconds:.2f} s, {r.states_per_second:,.0f} states/s"]
+             + f", {r.seconds:.2f} s, {r.states_per_second:,.0f} states/s, "
+             f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork})"]
     if r.verdict == "incomplete":
         lines.append(f"  incomplete: {r.reason}; no claim beyond depth {r.depth}")
     if r.verdict == "violation":

@@ -40,7 +40,7 @@ def test_small_pool_search_passes_and_counts(impl):
     r = model_check(impl, pool(3), 5)
     assert r.verdict == "pass" and r.counterexample is None and r.invariant is None
     assert r.depth == 5 and r.states == sum(r.levels) and r.transitions >= r.states - 1
-    assert r.fork == "pickle"
+    assert r.fork == "compact"   # impl's drivers snapshot and restore themselves in place
 
 
 def test_a_tiny_pool_is_exhausted(impl):
@@ -114,11 +114,93 @@ def test_symmetry_reduction_shrinks_the_state_space(impl):
     assert on.states < off.states and on.transitions < off.transitions
 
 
-@pytest.mark.parametrize("fork", ["pickle", "deepcopy", "replay"])
+@pytest.mark.parametrize("fork", ["compact", "pickle", "deepcopy", "replay"])
 def test_every_way_of_forking_a_state_sees_the_same_state_space(impl, fork):
-    ref = model_check(impl, cache(2), 4)
+    ref = model_check(impl, cache(2), 4, fork="replay")
     r = model_check(impl, cache(2), 4, fork=fork)
     assert r.fork == fork and (r.states, r.transitions, r.levels) == (ref.states, ref.transitions, ref.levels)
+
+
+@pytest.mark.parametrize("level", ["pool", "cache"])
+def test_compact_fork_and_key_memo_see_what_pickle_sees(impl, level):
+    """The fast paths (in-place fork, keys remembered per exact state) change no count."""
+    cfg, d = (pool(3), 6) if level == "pool" else (cache(3), 5)
+    old = model_check(impl, cfg, d, fork="pickle", key_memo=False)
+    new = model_check(impl, cfg, d, fork="compact", key_memo=True)
+    assert new.fork == "compact" and old.fork == "pickle"
+    assert (new.verdict, new.states, new.transitions, new.levels) == (old.verdict, old.states, old.transitions, old.levels)
+
+
+@pytest.mark.parametrize("bug", ["touch_no_remove", "ref_not_decremented", "popleft_n_no_relink", "free_forward",
+                                 "hash_no_parent", "null_block_queued"])
+def test_compact_fork_finds_what_pickle_finds(bug):
+    """Patched allocators (broken links, wrong counts) fork in place as faithfully."""
+    t = patched(bug)
+    level = "cache" if bug in ("free_forward", "hash_no_parent") else "pool"
+    cfg = pool(3) if level == "pool" else cache(3)
+    old = model_check(t, cfg, 6, fork="pickle", key_memo=False)
+    new = model_check(t, cfg, 6)
+    assert new.fork == ("" if bug == "null_block_queued" else "compact")   # that one fails at construction
+    assert (new.verdict, new.invariant, new.counterexample, new.states, new.transitions) == \
+        (old.verdict, old.invariant, old.counterexample, old.states, old.transitions)
+
+
+def test_in_place_restore_puts_back_every_object(impl):
+    """restore() writes the saved values back into the same objects; later steps do not
+    leak into the snapshot, and a state it cannot save exactly gives None."""
+    from kvspec.ops import Admit, Finish, Step
+    from kvspec.targets.impl_target import GraphSnapshot
+
+    for cfg, steps, more in [(pool(4), [Alloc(3), Cache((1, 2), ("a", "b")), Free((2, 1))],
+                              [Alloc(4), Touch((3,)), Free((1, 2, 3))]),
+                             (cache(4), [Admit("r1", (1, 2, 11)), Admit("r2", (1, 2, 11, 12))],
+                              [Step("r1", 11), Finish("r2"), Admit("r3", (1, 2))])]:
+        s = Session(impl, cfg)
+        for op in steps:
+            assert not s.apply(op)
+        d = s.driver
+        before = d.observe()
+        pool_obj = d.pool if cfg.level == "pool" else d.mgr.block_pool
+        blocks = list(pool_obj.blocks)
+        snap = d.snapshot()
+        assert snap is not None
+        for op in more:
+            s.apply(op)
+        assert d.observe() != before
+        assert d.restore(snap) is d
+        assert d.observe() == before and all(a is b for a, b in zip(pool_obj.blocks, blocks))
+        # the driver goes on from the restored state exactly like a fresh replay
+        fresh = Session(impl, cfg)
+        for op in steps + more:
+            fresh.apply(op)
+        for op in more:
+            s.apply(op)
+        assert s.driver.observe() == fresh.obs
+    # a foreign object linked into the pool later cannot be saved in place (the objects
+    # restored in place are those reachable at the first snapshot)
+    s = Session(impl, pool(2))
+    assert s.driver.snapshot() is not None
+    other = type(s.driver.pool)(3)
+    s.driver.pool.free_block_queue.head.next_free_block = other.blocks[1]
+    assert s.driver.snapshot() is None
+    g = GraphSnapshot([[1, 2], {"x": (3, 4)}])
+    assert g.ok and g.capture() is not None
+
+
+def test_observations_are_unchanged_by_the_fast_constructors(impl):
+    """observe_pool builds Observations and BlockStates without their constructors;
+    the objects must equal (and hash like) the constructors' own."""
+    from dataclasses import fields
+
+    from kvspec.observation import BlockState, Observation
+
+    s = Session(impl, pool(3))
+    s.apply(Alloc(2))
+    s.apply(Cache((1,), ("a",)))
+    o = s.driver.observe()
+    rebuilt = Observation(**{f.name: getattr(o, f.name) for f in fields(Observation)})
+    assert type(o) is Observation and o == rebuilt and hash(o.blocks) == hash(rebuilt.blocks)
+    assert all(type(b) is BlockState and b == BlockState(b.ref, b.hash, b.queued) for b in o.blocks)
 
 
 def test_invariant_filter_prunes_other_failures():
