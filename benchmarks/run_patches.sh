@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# Measure kvspec's bug-finding power on the bundled corpus (ETNA-style: every
-# (patch, seed) pair is one trial with a timeout) and write reports/patches.{md,json}
-# and reports/time_to_failure.png.
+# Measure kvspec's bug-finding power on the bundled corpora (ETNA-style: every
+# (patch, seed) pair is one trial with a timeout) and write the combined report:
+# reports/patches.md, reports/patches.json and reports/patches_ttf.png, one section per
+# target (a run replaces its own target's section).
 #
-#   benchmarks/run_patches.sh                 # the committed report: 10 seeds, 60 s
-#   SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # the CI-sized run
-#   TARGET=vllm benchmarks/run_patches.sh     # reports/patches_vllm.*
+#   benchmarks/run_patches.sh                       # impl and vllm: 10 seeds, 60 s (the committed report)
+#   TARGETS=impl SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # a CI-sized run
+#   TARGETS=nanovllm benchmarks/run_patches.sh      # once kvspec/corpus/nanovllm exists
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET="${TARGET:-impl}"
+TARGETS="${TARGETS:-impl vllm}"
 SEEDS="${SEEDS:-10}"
 TIMEOUT="${TIMEOUT:-60}"
 JOBS="${JOBS:-$(nproc)}"
-start=$(date +%s)
-set +e
-kvspec patches --target "$TARGET" --seeds "$SEEDS" --timeout "$TIMEOUT" --jobs "$JOBS" --report-dir reports "$@"
-rc=$?
-set -e
-echo "wall time: $(( $(date +%s) - start )) s on $(nproc) cores (exit $rc)"
+rc=0
+for target in $TARGETS; do
+  start=$(date +%s)
+  set +e
+  kvspec patches --target "$target" --seeds "$SEEDS" --timeout "$TIMEOUT" --jobs "$JOBS" --report-dir reports "$@"
+  r=$?
+  set -e
+  echo "--target $target: wall time $(( $(date +%s) - start )) s on $(nproc) cores (exit $r)"
+  [ "$r" -gt "$rc" ] && rc=$r
+done
 exit $rc

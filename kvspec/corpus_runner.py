@@ -20,9 +20,19 @@ Exit code: 0 when every safety bug is killed on every seed (a rare-input bug by
 ``kvspec diff`` or ``kvspec check``) and no equivalent mutant is killed; 1 otherwise;
 2 on a usage or target error.
 
-Reports (in ``--report-dir``): ``patches.md``, ``patches.json`` and
-``time_to_failure.png`` for the impl target; ``patches_<target>.*`` for the others,
-so the committed impl report is not overwritten.
+Progress goes to stderr (a live line on a terminal, one line per finished patch
+otherwise); ``--json`` prints the run's one JSON object on stdout.
+
+Reports (in ``--report-dir``, default ``reports/``): one combined report for all
+targets. ``patches.json`` holds a section per target (that target's latest run, every
+trial included); ``patches.md`` (overview, then per target: the command, the summary,
+tables for safety, policy, rare-input and equivalent patches, a findings paragraph) and
+``patches_ttf.png`` (time to failure per bug, a panel per target) are rendered from
+it. A run replaces only its own target's section. ``python -m kvspec.corpus_runner
+--render [DIR]`` re-renders the markdown and the figure from the JSON.
+
+Targets: any ``kvspec/corpus/<target>/bugs.json`` (impl and vllm ship; nanovllm when its
+corpus is there); a target without a corpus is a one-line usage error (exit 2).
 """
 from __future__ import annotations
 
@@ -58,7 +68,9 @@ def load_corpus(target: str) -> tuple[Path, list[dict]]:
     d = CORPUS_ROOT / target
     f = d / "bugs.json"
     if not f.is_file():
-        raise UsageError(f"kvspec patches: no bug corpus for target {target} ({f} does not exist)")
+        have = sorted(p.parent.name for p in CORPUS_ROOT.glob("*/bugs.json"))
+        raise UsageError(f"kvspec patches: no bug corpus for target {target}: {f} does not exist "
+                         f"(corpora here: {', '.join(have) or 'none'})")
     try:
         bugs = json.loads(f.read_text())
     except json.JSONDecodeError as e:
@@ -364,6 +376,14 @@ def _ratio(a: float, b: float) -> Optional[float]:
 
 
 # -- reports ----------------------------------------------------------------------------
+# One report for every corpus: ``patches.json`` holds one section per target (the
+# result object of that target's latest run, trials included), and ``patches.md`` and
+# ``patches_ttf.png`` are rendered from it. A run replaces its own target's section and
+# leaves the others as they were, so the impl and vllm runs can be made separately.
+REPORT_JSON, REPORT_MD, REPORT_PNG = "patches.json", "patches.md", "patches_ttf.png"
+TARGET_ORDER = ("impl", "vllm", "nanovllm")
+
+
 def _fmt(x, nd=2, dash="-") -> str:
     if x is None:
         return dash
@@ -372,22 +392,44 @@ def _fmt(x, nd=2, dash="-") -> str:
     return str(x)
 
 
-def _names(target: str) -> tuple[str, str, str]:
-    suffix = "" if target == "impl" else f"_{target}"
-    return f"patches{suffix}.md", f"patches{suffix}.json", f"time_to_failure{suffix}.png"
+def _pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def write_reports(res: dict, report_dir: str, command: str) -> list[str]:
-    md_name, json_name, png_name = _names(res["target"])
+def _target_key(t: str) -> tuple[int, str]:
+    return (TARGET_ORDER.index(t) if t in TARGET_ORDER else len(TARGET_ORDER), t)
+
+
+def load_report(report_dir: str | Path) -> dict:
+    """The combined report in ``report_dir`` (an empty one when there is none yet)."""
+    f = Path(report_dir) / REPORT_JSON
+    try:
+        doc = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {"report": "kvspec patches", "targets": {}}
+    if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict):
+        return {"report": "kvspec patches", "targets": {}}
+    return doc
+
+
+def write_reports(res: dict, report_dir: str) -> list[str]:
+    """Put ``res`` (one run) in the combined report as its target's section, render it."""
+    doc = load_report(report_dir)
+    doc["targets"][res["target"]] = {k: v for k, v in res.items() if k != "reports"}
+    return render_reports(doc, report_dir)
+
+
+def render_reports(doc: dict, report_dir: str) -> list[str]:
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / json_name).write_text(json.dumps(res, indent=1, default=str) + "\n")
-    written = [str(d / json_name)]
-    png = _figure(res, d / png_name)
+    doc["targets"] = dict(sorted(doc["targets"].items(), key=lambda kv: _target_key(kv[0])))
+    (d / REPORT_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    written = [str(d / REPORT_JSON)]
+    png = _figure(doc, d / REPORT_PNG)
     if png:
         written.append(png)
-    (d / md_name).write_text(markdown(res, command, png_name if png else None))
-    written.append(str(d / md_name))
+    (d / REPORT_MD).write_text(markdown(doc, REPORT_PNG if png else None))
+    written.append(str(d / REPORT_MD))
     return written
 
 
@@ -397,58 +439,129 @@ def _class_lines(name: str, s: dict, timeout: float) -> list[str]:
     within = ", ".join(f"{v}/{s['trials']} within {k} s" for k, v in s["solved_within"].items())
     return [
         f"- **{name}** ({s['bugs']} bugs x seeds = {s['trials']} trials): solve rate "
-        f"**{100 * (s['solve_rate'] or 0):.1f}%** ({s['solved']}/{s['trials']}) within {timeout:g} s; "
+        f"**{_pct(s['solve_rate'] or 0)}** ({s['solved']}/{s['trials']}) within {timeout:g} s; "
         f"{s['bugs_killed_every_seed']}/{s['bugs']} bugs killed on every seed.",
         f"  - solved {within}.",
         f"  - time to failure: median {_fmt(s['median_seconds_to_failure'], 3)} s, p90 {_fmt(s['p90_seconds_to_failure'], 3)} s, "
         f"max {_fmt(s['max_seconds_to_failure'], 3)} s.",
         f"  - repro length: median {_fmt(s['median_repro_steps'])} steps; shortest possible (BFS) median "
-        f"{_fmt(s['median_minimal_steps'])}; repro/minimal median {_fmt(s['median_repro_over_minimal'])}, "
-        f"mean {_fmt(s['mean_repro_over_minimal'])} (over the {s['minimal_proven']} trials whose minimal length was proven).",
+        f"{_fmt(s['median_minimal_steps'])}; repro/minimal median **{_fmt(s['median_repro_over_minimal'])}**, "
+        f"mean {_fmt(s['mean_repro_over_minimal'])} (over the {s['minimal_proven']} trials whose minimal length was "
+        f"proven and is at least one step).",
     ]
 
 
-def markdown(res: dict, command: str, png: Optional[str]) -> str:
+def _overview(doc: dict) -> list[str]:
+    out = ["| target | command | patches: safety / policy / rare input / equivalent | safety solved | "
+           "safety solved within 0.1 / 1 / 10 / 60 s | safety ttf median / p90 s | safety repro/minimal median | "
+           "policy solved | rare input caught by | equivalent mutants killed (false positives) | wall |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for t, res in doc["targets"].items():
+        s = res["summary"]
+        saf, pol, rare, eq = s["safety"], s["policy"], s["rare_input"], s["equivalent"]
+        within = " / ".join(str(saf["solved_within"].get(f"{x:g}", "-")) for x in THRESHOLDS)
+        caught = ("-" if not rare["bugs"] else
+                  f"check {rare['caught_by_check']}/{rare['bugs']}, diff {rare['caught_by_diff']}/{rare['bugs']}")
+        out.append(
+            f"| {t} | `{res['command']}` | {saf['bugs']} / {pol['bugs']} / {rare['bugs']} / {eq['mutants']} | "
+            f"{_pct(saf['solve_rate'])} ({saf['solved']}/{saf['trials']}) | {within} (of {saf['trials']}) | "
+            f"{_fmt(saf['median_seconds_to_failure'], 3)} / {_fmt(saf['p90_seconds_to_failure'], 3)} | "
+            f"{_fmt(saf['median_repro_over_minimal'])} | {_pct(pol['solve_rate'])} ({pol['solved']}/{pol['trials']}) | "
+            f"{caught} | {eq['false_positives']} | {s['wall_seconds']:.0f} s |")
+    return out
+
+
+def markdown(doc: dict, png: Optional[str]) -> str:
+    targets = doc["targets"]
+    out = ["# kvspec patches: bug-finding power on the bundled bug corpora", "",
+           "Generated by `kvspec patches` (one section per target below, each with the exact command that produced "
+           "it; a run rewrites its own target's section of this file, of `patches.json` and of `patches_ttf.png`).", "",
+           "**Method** (as the ETNA benchmark measures property-based testing): every (patch, seed) pair is one trial, "
+           "run in its own process with a timeout. A trial applies the patch to a temporary copy of the target's "
+           "sources and runs `kvspec check` on it (`run_check`: pool and cache level round-robin, valid use, "
+           "`--seed` = the trial's seed, `--budget` = the timeout). *Killed*: kvspec check reported a violation. "
+           "*Time to failure* (ttf): search time to the first violation (process start-up, patching and "
+           "minimization excluded). *Repro*: the length of the minimized repro kvspec check prints (ddmin, then the "
+           "minimizer's bounded BFS). *Minimal*: the shortest failing length an exhaustive breadth-first search "
+           "proves (`kvspec.mc`, its default operation domains, pools up to the finding's, same level and block "
+           "size): the minimizer's proof where it has one, else an iterative-deepening search the runner runs "
+           "(20 s budget, depth at most 12). Medians are over killed trials. Safety bugs (wrong KV, corrupted state, "
+           "a crash on valid use) and policy bugs (eviction order, hit rate) are summarized separately; a "
+           "*rare-input* patch (`engine: diff`) misbehaves only on inputs far outside the pools kvspec check builds "
+           "and is expected to be caught by `kvspec diff` (CrossHair `diffbehavior` on the changed helper) instead; "
+           "*equivalent mutants* change the code but not its behaviour, so any kill of one is a false positive.", ""]
+    if not targets:
+        return "\n".join(out + ["No runs yet."]) + "\n"
+    out += ["## Overview", ""] + _overview(doc)
+    if png:
+        out += ["", f"![time to failure per corpus bug, per target]({png})", "",
+                f"[`{png}`]({png}): time to failure per bug (log scale), one dot per seed, `|` the median, "
+                f"`x` = not found within the timeout; equivalent mutants are not drawn (none was killed unless the "
+                f"overview says so)."]
+    if doc.get("notes"):  # kept across runs: a person's reading of the numbers, in patches.json
+        out += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    for t, res in targets.items():
+        out += ["", *_section(res)]
+    return "\n".join(out) + "\n"
+
+
+def _section(res: dict) -> list[str]:
     s = res["summary"]
-    out = [f"# kvspec patches: bug-finding power on the {res['target']} corpus", "",
-           f"Generated by `{command}` ({res['seeds']} seeds per patch, {res['timeout']:g} s timeout per trial, "
-           f"{res['jobs']} worker processes, wall time {s['wall_seconds']:.0f} s).", "",
-           "Each (patch, seed) trial runs `kvspec check` (`run_check`, pool and cache level round-robin) in its own "
-           "process with `budget = timeout`. *Time to failure* is search time to the first violation (start-up and "
-           "minimization excluded). *Repro* is the length of the minimized repro (ddmin, then the minimizer's bounded "
-           "BFS); *minimal* is the shortest failing length proven by exhaustive BFS (`kvspec.mc`, its default domains, "
-           "pools up to the finding's, same level and block size): the minimizer's proof where it has one, else an "
-           "iterative-deepening search run by the runner. Medians are over killed trials.", "",
-           "## Summary", ""]
+    m = res.get("machine") or {}
+    env = ", ".join(x for x in (f"{m['cpus']} CPU cores" if m.get("cpus") else "",
+                                f"Python {m['python']}" if m.get("python") else "",
+                                f"{res['target']} {m['target_version']}" if m.get("target_version") else "",
+                                "load average at the end (1/5/15 min) " + " / ".join(map(str, m["load_average"]))
+                                if m.get("load_average") else "") if x)
+    out = [f"## Target `{res['target']}`", "",
+           f"Command: `{res['command']}` ({len(res['patches'])} patches, {res['seeds']} seeds each, "
+           f"{res['timeout']:g} s timeout per trial, {res['jobs']} worker processes, wall time "
+           f"{s['wall_seconds']:.0f} s{'; ' + env if env else ''}{'; ' + res['date'] if res.get('date') else ''}). "
+           f"Verdict: **{res['verdict']}** (pass = every safety bug killed on every seed, the rare-input ones by "
+           f"kvspec check or kvspec diff, and no equivalent mutant killed).", "",
+           "### Summary", ""]
     out += _class_lines("Safety bugs", s["safety"], res["timeout"])
-    out += _class_lines("Policy bugs (eviction order; reported separately)", s["policy"], res["timeout"])
+    out += _class_lines("Policy bugs (reported separately)", s["policy"], res["timeout"])
     rare = s["rare_input"]
     if rare["bugs"]:
         out.append(f"- **Rare-input bugs** ({', '.join(rare['ids'])}): caught by `kvspec check` on "
                    f"{rare['caught_by_check']}/{rare['bugs']}, by `kvspec diff` (CrossHair) on "
-                   f"{rare['caught_by_diff']}/{rare['bugs']}.")
+                   f"{rare['caught_by_diff']}/{rare['bugs']}" + (" (kvspec diff runs on impl only)"
+                                                                 if res["target"] != "impl" else "") + ".")
     eq = s["equivalent"]
-    out.append(f"- **Equivalent mutants**: false positives: **{eq['false_positives']}**"
-               + (f" (killed: {', '.join(eq['killed_ids'])} -- a kvspec bug)" if eq["killed"] else "") + ".")
+    out.append(f"- **Equivalent mutants** ({eq['mutants']}): killed (false positives) **{eq['false_positives']}**"
+               + (f": {', '.join(eq['killed_ids'])} (a kvspec bug)" if eq["killed"] else "") + ".")
     if s["expected_invariant_rate"] is not None:
         out.append(f"- The invariant reported was one of the patch's expected invariants in "
-                   f"{100 * s['expected_invariant_rate']:.1f}% of the killed safety and policy trials.")
+                   f"{_pct(s['expected_invariant_rate'])} of the killed safety and policy trials.")
     if s["patches_not_applied"]:
         out.append(f"- Patches that did not apply: {', '.join(s['patches_not_applied'])}.")
-    out += ["", "## Per patch", "",
-            "| patch | kind | level | expected | found (trials) | killed | ttf median s | ttf p90 s | repro | minimal | kvspec diff | caught by |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in res["patches"]:
-        found = ", ".join(f"{k} ({v})" for k, v in sorted(r["found"].items(), key=lambda kv: -kv[1])) or "-"
-        diff = r["diff"]["verdict"] if r.get("diff") else "-"
-        out.append(f"| {r['id']} | {r['kind']}{' (rare input)' if r['engine'] == 'diff' else ''} | {r['level'] or '-'} | "
-                   f"{', '.join(r['expected']) or '(none)'} | {found} | {r['kills']}/{r['seeds']} | "
-                   f"{_fmt(r['seconds_to_failure'], 3)} | {_fmt(r['seconds_to_failure_p90'], 3)} | "
-                   f"{_fmt(r['repro_steps'])} | {_fmt(r['minimal_steps'])} | {diff} | {', '.join(r['caught_by']) or 'none'} |")
-    if png:
-        out += ["", f"![time to failure per bug]({png})"]
-    out += ["", "## Findings", "", _findings(res), ""]
-    return "\n".join(out)
+    errs = [r for r in res["patches"] if r["errors"]]
+    if errs:
+        out.append("- Trials with errors: " + "; ".join(f"{r['id']}: {', '.join(r['errors'])}" for r in errs) + ".")
+    has_diff = any(r.get("diff") for r in res["patches"])
+    groups = (("Safety bugs", lambda r: r["kind"] == "safety" and r["engine"] != "diff"),
+              ("Policy bugs", lambda r: r["kind"] == "policy"),
+              ("Rare-input bugs (engine: diff)", lambda r: r["engine"] == "diff" and r["kind"] != "equivalent"),
+              ("Equivalent mutants (must not be killed)", lambda r: r["kind"] == "equivalent"))
+    for title, pred in groups:
+        rows = [r for r in res["patches"] if pred(r)]
+        if not rows:
+            continue
+        out += ["", f"### {title}", "",
+                "| patch | level | upstream | expected | found (trials) | killed | ttf median s | ttf p90 s | repro "
+                "median | minimal median | repro/minimal |" + (" kvspec diff |" if has_diff else "") + " caught by |",
+                "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_diff else "") + "---|"]
+        for r in rows:
+            found = ", ".join(f"{k} ({v})" for k, v in sorted(r["found"].items(), key=lambda kv: -kv[1])) or "-"
+            diff = (r["diff"] or {}).get("verdict", "-") if r.get("diff") else "-"
+            out.append(f"| {r['id']} | {r['level'] or '-'} | {r.get('upstream') or '-'} | "
+                       f"{', '.join(r['expected']) or '(none)'} | {found} | {r['kills']}/{r['seeds']} | "
+                       f"{_fmt(r['seconds_to_failure'], 3)} | {_fmt(r['seconds_to_failure_p90'], 3)} | "
+                       f"{_fmt(r['repro_steps'])} | {_fmt(r['minimal_steps'])} | {_fmt(r['repro_over_minimal'])} |"
+                       + (f" {diff} |" if has_diff else "") + f" {', '.join(r['caught_by']) or 'none'} |")
+    out += ["", "### Findings", "", _findings(res)]
+    return out
 
 
 def _findings(res: dict) -> str:
@@ -458,93 +571,149 @@ def _findings(res: dict) -> str:
     parts = []
     if saf["bugs"]:
         slow = sorted((r for r in rows if r["kind"] == "safety" and r["engine"] != "diff" and r["seconds_to_failure"]),
-                      key=lambda r: -r["seconds_to_failure"])[:3]
+                      key=lambda r: -(r["seconds_to_failure_p90"] or r["seconds_to_failure"]))[:3]
+        missed = [r for r in rows if r["kind"] == "safety" and r["engine"] != "diff" and r["kills"] < r["seeds"]]
         parts.append(f"kvspec check killed {saf['solved']} of {saf['trials']} safety trials "
-                     f"({100 * (saf['solve_rate'] or 0):.1f}%), median time to failure {_fmt(saf['median_seconds_to_failure'], 3)} s; "
-                     f"the slowest bugs to find were " + ", ".join(f"{r['id']} ({_fmt(r['seconds_to_failure'], 2)} s median)" for r in slow) + ".")
+                     f"({_pct(saf['solve_rate'] or 0)}) within {res['timeout']:g} s"
+                     + (" (not killed on every seed: " + ", ".join(f"{r['id']} {r['kills']}/{r['seeds']}" for r in missed)
+                        + ")" if missed else "")
+                     + f"; the median time to failure is {_fmt(saf['median_seconds_to_failure'], 3)} s and the slowest "
+                     f"(by p90) were " + ", ".join(f"{r['id']} (median {_fmt(r['seconds_to_failure'], 2)} s, p90 "
+                                                    f"{_fmt(r['seconds_to_failure_p90'], 2)} s)" for r in slow) + ".")
         long = [r for r in rows if r["minimal_steps"] and r["minimal_steps"] >= 4 and r["kind"] != "equivalent"]
         if long:
-            parts.append("Bugs whose shortest repro needs 4 or more steps: " + ", ".join(
-                f"{r['id']} (shortest {_fmt(r['minimal_steps'])}, repro median {_fmt(r['repro_steps'])})" for r in long) + ".")
+            parts.append("Bugs whose shortest failing sequence needs 4 or more steps (long sequences, LRU pressure): "
+                         + ", ".join(f"{r['id']} ({_fmt(r['minimal_steps'])})" for r in long) + ".")
         gaps = [r for r in rows if r["repro_over_minimal"] and r["repro_over_minimal"] > 1.0]
         if gaps:
-            parts.append("Repros longer than the proven minimum: " + ", ".join(
-                f"{r['id']} (repro/minimal {_fmt(r['repro_over_minimal'])})" for r in gaps) + ".")
+            parts.append("Repros longer than the proven minimum (the minimizer's own BFS did not reach it): " + ", ".join(
+                f"{r['id']} (repro median {_fmt(r['repro_steps'])} vs minimal {_fmt(r['minimal_steps'])})"
+                for r in gaps) + ".")
         unproven = [r for r in rows if r["kills"] and r["minimal_proven"] < r["kills"]]
         if unproven:
-            parts.append("Minimal length not proven on some trials (the BFS budget ran out): " + ", ".join(
-                f"{r['id']} ({r['kills'] - r['minimal_proven']}/{r['kills']})" for r in unproven) + ".")
+            parts.append("Minimal length not proven on some trials (the BFS budget ran out or the failure needs "
+                         "operations outside the BFS domains): " + ", ".join(
+                             f"{r['id']} ({r['kills'] - r['minimal_proven']}/{r['kills']})" for r in unproven) + ".")
+    pol = [r for r in rows if r["kind"] == "policy"]
+    if pol:
+        parts.append(f"Policy bugs: {s['policy']['solved']}/{s['policy']['trials']} trials killed, reported as "
+                     + ", ".join(sorted({inv for r in pol for inv in r["found"]})) + ".")
     mixed = [r for r in rows if r["kills"] and r["expected"] and r["expected_found"] is not None and r["expected_found"] < 1]
     if mixed:
         parts.append("Reported an invariant outside the expected list on some seeds: " + ", ".join(
             f"{r['id']} ({', '.join(r['found'])})" for r in mixed) + ".")
-    rare = [r for r in rows if r["engine"] == "diff"]
-    for r in rare:
+    for r in (r for r in rows if r["engine"] == "diff"):
         d = r.get("diff") or {}
-        parts.append(f"The rare-input patch {r['id']} was killed by kvspec check on {r['kills']}/{r['seeds']} seeds "
-                     f"and kvspec diff says: {d.get('verdict', 'not run')}"
-                     + (f" ({d['differences'][0]})" if d.get("differences") else "") + ".")
-    caught_diff = [r["id"] for r in rows if r.get("diff") and r["diff"].get("verdict") == "different"]
+        parts.append(f"The rare-input patch {r['id']} was killed by kvspec check on {r['kills']}/{r['seeds']} seeds; "
+                     f"kvspec diff says: {d.get('verdict', 'not run')}"
+                     + (f", {d['differences'][0]}" if d.get("differences") else "") + ".")
+    caught_diff = [r["id"] for r in rows if r.get("diff") and r["diff"].get("verdict") == "different"
+                   and r["engine"] != "diff"]
     if caught_diff:
-        parts.append(f"kvspec diff (CrossHair diffbehavior on the changed helpers) also tells apart: {', '.join(caught_diff)}.")
+        parts.append(f"kvspec diff (CrossHair diffbehavior on the changed pure helpers) also tells apart: "
+                     f"{', '.join(caught_diff)}; the other patches change only BlockPool/KVCacheManager methods, "
+                     f"which it leaves to kvspec check.")
     eq = s["equivalent"]
-    parts.append(f"Equivalent mutants: false positives {eq['false_positives']}.")
+    parts.append(f"Equivalent mutants killed: {eq['false_positives']}"
+                 + (" (no false positives)." if not eq["killed"] else f" ({', '.join(eq['killed_ids'])})."))
     return " ".join(parts)
 
 
-def _figure(res: dict, path: Path) -> Optional[str]:
+def _figure(doc: dict, path: Path) -> Optional[str]:
+    """Time to failure per bug, log-scale seconds, one panel per target, one row per bug
+    (seeds as dots, the median as a bar, not-found seeds as an x at the timeout)."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
     except Exception:
         return None
-    rows = [r for r in res["patches"] if r["kind"] != "equivalent"]
-    by = {r["id"]: [t["seconds_to_failure"] for t in res["trials"] if t["id"] == r["id"] and t["killed"]
-                    and t["seconds_to_failure"] is not None] for r in rows}
-    rows.sort(key=lambda r: (_median(by[r["id"]]) if by[r["id"]] else float("inf")))
-    fig, ax = plt.subplots(figsize=(8, 0.28 * len(rows) + 1.5))
-    colors = {"safety": "tab:red", "policy": "tab:blue"}
-    for i, r in enumerate(rows):
-        xs = by[r["id"]]
-        c = colors.get(r["kind"], "gray") if r["engine"] != "diff" else "tab:purple"
-        if xs:
-            ax.scatter(xs, [i] * len(xs), s=12, color=c, alpha=0.6)
-            ax.plot([_median(xs)], [i], marker="|", markersize=12, color="black")
-        missed = r["seeds"] - len(xs)
-        if missed:
-            ax.scatter([res["timeout"]] * 1, [i], marker="x", color=c)
-            ax.annotate(f"{missed} not found", (res["timeout"], i), xytext=(4, -3), textcoords="offset points",
-                        fontsize=7)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{r['id']} ({r['kind'] if r['engine'] != 'diff' else 'rare input'})" for r in rows], fontsize=7)
-    ax.set_xscale("log")
-    ax.set_xlim(right=res["timeout"] * 6)  # room for the "not found" labels
-    ax.set_xlabel("seconds to first failure (log; x = not found within the timeout)")
-    ax.set_title(f"kvspec check time to failure per {res['target']} corpus bug ({res['seeds']} seeds; | = median)")
-    ax.grid(True, axis="x", alpha=0.3)
+    panels = []
+    for t, res in doc["targets"].items():
+        rows = [r for r in res["patches"] if r["kind"] != "equivalent" or r["kills"]]
+        by = {r["id"]: [x["seconds_to_failure"] for x in res["trials"] if x["id"] == r["id"] and x["killed"]
+                        and x["seconds_to_failure"] is not None] for r in rows}
+        rows.sort(key=lambda r: (_median(by[r["id"]]) if by[r["id"]] else float("inf")), reverse=True)
+        if rows:
+            panels.append((t, res, rows, by))
+    if not panels:
+        return None
+    heights = [len(p[2]) + 2 for p in panels]
+    fig = Figure(figsize=(9, 0.22 * sum(heights) + 1.2), dpi=110)
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(panels), 1, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
+    colors = {"safety": "tab:red", "policy": "tab:blue", "equivalent": "black"}
+    lo = min([min(v) for p in panels for v in p[3].values() if v] + [0.01])
+    hi = max(p[1]["timeout"] for p in panels)
+    for ax, (t, res, rows, by) in zip(axes, panels):
+        for i, r in enumerate(rows):
+            xs = by[r["id"]]
+            c = "tab:purple" if r["engine"] == "diff" else colors.get(r["kind"], "gray")
+            if xs:
+                ax.scatter(xs, [i] * len(xs), s=10, color=c, alpha=0.55, linewidths=0)
+                ax.plot([_median(xs)], [i], marker="|", markersize=10, color="black")
+            missed = r["seeds"] - len(xs)
+            if missed:
+                ax.scatter([res["timeout"]], [i], marker="x", color=c)
+                ax.annotate(f"{missed}/{r['seeds']} not found" + (" (CrossHair: found)" if "diff" in r["caught_by"]
+                                                                  else ""),
+                            (res["timeout"], i), xytext=(5, -3), textcoords="offset points", fontsize=6.5)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([f"{r['id']} ({'rare input' if r['engine'] == 'diff' else r['kind']})" for r in rows],
+                           fontsize=6.5)
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.set_xscale("log")
+        ax.set_xlim(max(lo / 2, 1e-3), hi * 12)
+        ax.axvline(res["timeout"], color="gray", lw=0.6, ls="--")
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_title(f"--target {t}: {res['seeds']} seeds, {res['timeout']:g} s timeout "
+                     f"(red safety, blue policy, purple rare input; | median)", fontsize=8)
+    axes[-1].set_xlabel("seconds to first failure (log scale; x = not found within the timeout)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path, format="png")
     return str(path)
 
 
 # -- the command --------------------------------------------------------------------------
 class _Progress:
-    def __init__(self, enabled: bool, total: int) -> None:
-        self.enabled, self.total, self.start, self.killed = enabled, total, time.monotonic(), 0
+    """Progress on stderr: a live line on a terminal; otherwise (CI logs, a redirected
+    run) one line per patch as its last trial finishes, and a heartbeat every 30 s."""
+
+    def __init__(self, total: int, per_id: dict[str, int], seeds: int) -> None:
+        self.tty = sys.stderr.isatty()
+        self.seeds = seeds
+        self.total, self.start, self.killed = total, time.monotonic(), 0
+        self.left = dict(per_id)
+        self.kills: dict[str, list[float]] = {}
+        self.done_ids = 0
+        self.last = time.monotonic()
+
+    def _line(self, text: str) -> None:
+        sys.stderr.write(("\r\033[K" if self.tty else "") + text + ("" if self.tty else "\n"))
+        sys.stderr.flush()
 
     def __call__(self, res: dict, done: int, total: int) -> None:
+        el = time.monotonic() - self.start
+        rid = res.get("id")
         if res.get("killed"):
             self.killed += 1
-        if self.enabled:
-            sys.stderr.write(f"\r\033[K[{done}/{total}] {res.get('id')}"
-                             + (f" seed {res['seed']}" if "seed" in res and res.get("_fn") == "run_trial" else " (diff)")
-                             + f"  killed so far {self.killed}  {time.monotonic() - self.start:.0f}s")
-            sys.stderr.flush()
+            self.kills.setdefault(rid, []).append(res.get("seconds_to_failure") or 0.0)
+        if rid in self.left:
+            self.left[rid] -= 1
+            if self.left[rid] == 0 and not self.tty:
+                self.done_ids += 1
+                ks = self.kills.get(rid, [])
+                self._line(f"[patches {self.done_ids}/{len(self.left)}] {rid}: killed {len(ks)}/{self.seeds}"
+                           + (f", ttf median {_median(ks):.3f} s" if ks else "") + f"  ({el:.0f} s)")
+                self.last = time.monotonic()
+        if self.tty:
+            what = f" seed {res['seed']}" if res.get("_fn") == "run_trial" else " (kvspec diff)"
+            self._line(f"[{done}/{total}] {rid}{what}  killed so far {self.killed}  {el:.0f}s")
+        elif time.monotonic() - self.last > 30:
+            self._line(f"[{done}/{total} jobs done, {el:.0f} s]")
+            self.last = time.monotonic()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.tty:
             sys.stderr.write("\r\033[K")
             sys.stderr.flush()
 
@@ -591,9 +760,16 @@ def cmd_patches(args) -> int:
     # Longest first (equivalent mutants and rare-input bugs run to the timeout), so the
     # pool does not end on one long straggler.
     slow = {b["id"] for b in bugs if b["kind"] == "equivalent" or b.get("engine") == "diff"}
-    work.sort(key=lambda w: (w[0] != "run_trial" or w[1]["id"] not in slow, w[0] == "run_diff_task"))
+    # kvspec diff next (CrossHair runs up to a few per-condition timeouts), the quick trials last.
+    work.sort(key=lambda w: (w[0] != "run_trial" or w[1]["id"] not in slow, w[0] != "run_diff_task"))
 
-    prog = _Progress(sys.stderr.isatty() and not args.json, len(work))
+    per_id: dict[str, int] = {}
+    for _, task, _ in work:
+        per_id[task["id"]] = per_id.get(task["id"], 0) + 1
+    sys.stderr.write(f"kvspec patches --target {args.target}: {len(bugs)} patches x {args.seeds} seeds "
+                     f"({len(work)} jobs) on {jobs} worker processes, timeout {args.timeout:g} s per trial\n")
+    sys.stderr.flush()
+    prog = _Progress(len(work), per_id, args.seeds)
     t0 = time.monotonic()
     try:
         results = run_pool(work, jobs, prog)
@@ -610,12 +786,32 @@ def cmd_patches(args) -> int:
     command = "kvspec patches --target {} --seeds {} --timeout {:g}{}".format(
         args.target, args.seeds, args.timeout, f" --only {args.only}" if args.only else "")
     res["command"] = command
-    res["reports"] = write_reports(res, args.report_dir, command) if args.report_dir else []
+    res["machine"] = _machine(args.target)
+    res["date"] = time.strftime("%Y-%m-%d")
+    res["reports"] = write_reports(res, args.report_dir) if args.report_dir else []
     if args.json:
         print(json.dumps(res, default=str))
     else:
         print(text_summary(res))
     return 0 if res["verdict"] == "pass" else 1
+
+
+def _machine(target: str) -> dict:
+    import platform
+
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    try:  # the machine may be shared: the 1/5/15-minute load averages at the end of the run
+        out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    pkg = {"vllm": "vllm", "nanovllm": "nano-vllm-fork"}.get(target)
+    if pkg:
+        try:
+            from importlib.metadata import version
+            out["target_version"] = version(pkg)
+        except Exception:
+            pass
+    return out
 
 
 def text_summary(res: dict) -> str:
@@ -640,3 +836,49 @@ def text_summary(res: dict) -> str:
     for p in res.get("reports", []):
         lines.append(f"  wrote {p}")
     return "\n".join(lines)
+
+
+def resummarize(res: dict) -> dict:
+    """``res`` summarized again from its trials with the corpus metadata as it is now
+    (after a fix of a patch's expected invariants, say); the trials themselves do not
+    depend on the metadata. Unchanged when the corpus no longer has the same patches."""
+    try:
+        _, bugs = load_corpus(res["target"])
+    except Exception:
+        return res
+    ids = [r["id"] for r in res["patches"]]
+    by = {b["id"]: b for b in bugs}
+    if set(ids) - set(by):
+        return res
+    diffs = {r["id"]: r["diff"] for r in res["patches"] if r.get("diff")}
+    new = summarize(res["target"], [by[i] for i in ids], res["trials"], diffs,
+                    {"seeds": res["seeds"], "timeout": res["timeout"], "jobs": res["jobs"]},
+                    res["summary"]["wall_seconds"])
+    for k in ("command", "machine", "date"):
+        if k in res:
+            new[k] = res[k]
+    return new
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m kvspec.corpus_runner --render [DIR]``: re-render patches.md and
+    patches_ttf.png from DIR/patches.json (default reports/) without running anything,
+    summarizing each target's trials again with the corpus metadata as it is now."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m kvspec.corpus_runner", description=main.__doc__)
+    ap.add_argument("--render", metavar="DIR", nargs="?", const="reports", required=True)
+    a = ap.parse_args(argv)
+    doc = load_report(a.render)
+    if not doc["targets"]:
+        print(f"no {REPORT_JSON} with results in {a.render}", file=sys.stderr)
+        return 2
+    for t, res in list(doc["targets"].items()):
+        doc["targets"][t] = resummarize(res)
+    for p in render_reports(doc, a.render):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,12 @@ from kvspec.patching import apply_unified_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "kvspec" / "corpus" / "impl"
-PER_CONDITION = 2  # seconds of CrossHair per contract
+# CI bounds: at most PER_CONDITION CPU seconds per contract, and CrossHair moves on from a
+# contract after MAX_UNINTERESTING iterations that explore nothing new. The full-strength
+# run (reports/crosshair.md) uses --per_condition_timeout=20.
+PER_CONDITION = 2
+MAX_UNINTERESTING = 5
+BOUNDS = [f"--per_condition_timeout={PER_CONDITION}", f"--max_uninteresting_iterations={MAX_UNINTERESTING}"]
 MODULES = ["kvspec.impl.kv_cache_manager", "kvspec.impl.hashing", "kvspec.impl.free_queue"]
 
 
@@ -30,10 +34,17 @@ def crosshair(*args, cwd=None, env=None, timeout=600):
 
 
 def test_contracts_hold():
-    with ThreadPoolExecutor(max_workers=len(MODULES)) as ex:
-        runs = list(ex.map(lambda m: crosshair("check", f"--per_condition_timeout={PER_CONDITION}", m), MODULES))
-    for m, r in zip(MODULES, runs):
-        assert r.returncode == 0, f"{m}:\n{r.stdout}\n{r.stderr}"
+    # one process for the three modules (CrossHair is CPU-bound; under pytest-xdist the
+    # other worker keeps the second core busy)
+    r = crosshair("check", *BOUNDS, "--report_all", *MODULES)
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    # every contract was exercised: none is vacuous except remove's, whose precondition
+    # (the block is in this queue) CrossHair cannot meet with an independent argument;
+    # kvspec diff's FreeKVCacheBlockQueue harness and test_free_queue cover remove.
+    lines = [ln for ln in r.stdout.splitlines() if ": info: " in ln]
+    assert len(lines) >= 12, r.stdout
+    vacuous = [ln for ln in lines if "Unable to meet precondition" in ln]
+    assert all("free_queue.py" in ln or "hashing.py" in ln for ln in vacuous), r.stdout
 
 
 def test_a_broken_contract_is_found(tmp_path):
@@ -45,8 +56,7 @@ def test_a_broken_contract_is_found(tmp_path):
     for rel, new in apply_unified_diff(text, lambda rel: (ROOT / rel).read_text()).items():
         (pkg / rel[len("impl/"):]).write_text(new)
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    r = crosshair("check", f"--per_condition_timeout={PER_CONDITION}", "impl_broken.kv_cache_manager", cwd=tmp_path,
-                  env=env)
+    r = crosshair("check", *BOUNDS, "impl_broken.kv_cache_manager", cwd=tmp_path, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "false when calling max_hit_blocks(" in r.stdout  # a postcondition of max_hit_blocks fails
 

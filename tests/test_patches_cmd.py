@@ -5,6 +5,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,14 @@ def test_patches_json_rows_summary_and_reports(capsys, tmp_path):
         assert key in s["safety"]
     assert len(d["trials"]) == 3 and all(t["applied"] for t in d["trials"])
     md = (tmp_path / "patches.md").read_text()
-    assert "no_evict" in md and "false positives" in md
-    assert json.loads((tmp_path / "patches.json").read_text())["patches"] == d["patches"]
+    assert "no_evict" in md and "false positives" in md and "## Target `impl`" in md
+    assert "`kvspec patches --target impl --seeds 1 --timeout 5 --only no_evict,free_forward,popleft_loop`" in md
+    assert "### Safety bugs" in md and "### Policy bugs" in md and "### Equivalent mutants" in md
+    assert "(patches_ttf.png)" in md and (tmp_path / "patches_ttf.png").stat().st_size > 0
+    doc = json.loads((tmp_path / "patches.json").read_text())
+    assert list(doc["targets"]) == ["impl"] and doc["targets"]["impl"]["patches"] == d["patches"]
+    # progress on stderr, one line per finished patch when stderr is not a terminal
+    assert "[patches 3/3]" in out.err and "killed 1/1" in out.err
 
 
 def test_a_killed_equivalent_mutant_fails_the_run(capsys, tmp_path, monkeypatch):
@@ -96,24 +103,91 @@ def test_usage_errors_are_one_line_exit_2(args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
 
 
-def _vllm_available() -> str:
-    if not (CORPUS / "vllm" / "bugs.json").is_file():
-        return "no kvspec/corpus/vllm/bugs.json yet"
-    try:
-        from kvspec.targets import load_target
-        load_target("vllm")
-    except Exception as e:
-        return f"the vllm target does not load here: {e}"
+def _available(target: str, package: str) -> str:
+    if not (CORPUS / target / "bugs.json").is_file():
+        return f"no kvspec/corpus/{target}/bugs.json"
+    import importlib.util
+    if importlib.util.find_spec(package) is None:
+        return f"{package} is not installed"
     return ""
 
 
+def _run_cli(args):
+    # in a fresh process, as a user runs it: the target's package is imported there
+    # first, whatever this test session imported before
+    # (cwd outside the checkout: `python -m` puts the cwd first on sys.path, and the
+    # checkout's top-level kernels/ folder would shadow the `kernels` module vllm probes)
+    r = subprocess.run([sys.executable, "-m", "kvspec.cli", *args], capture_output=True, text=True, timeout=600,
+                       cwd=tempfile.gettempdir())
+    return r.returncode, r
+
+
 @pytest.mark.upstream
-@pytest.mark.skipif(bool(_vllm_available()), reason=_vllm_available() or "available")
-def test_patches_on_the_vllm_corpus(capsys, tmp_path):
+@pytest.mark.skipif(bool(_available("vllm", "vllm")), reason=_available("vllm", "vllm") or "available")
+def test_patches_on_the_vllm_corpus(tmp_path):
     bug = next(b for b in json.loads((CORPUS / "vllm" / "bugs.json").read_text()) if b["kind"] == "safety")
-    rc, out = run(["patches", "--target", "vllm", "--only", bug["id"], "--seeds", "1", "--timeout", "20", "--json",
-                   "--report-dir", str(tmp_path)], capsys)
-    d = json.loads(out.out)
+    rc, r = _run_cli(["patches", "--target", "vllm", "--only", bug["id"], "--seeds", "1", "--timeout", "20",
+                      "--json", "--report-dir", str(tmp_path)])
+    d = json.loads(r.stdout)
     (row,) = d["patches"]
-    assert row["applied"] and row["killed"] == 1.0 and rc == 0
-    assert (tmp_path / "patches_vllm.md").is_file() and not (tmp_path / "patches.md").exists()
+    assert row["applied"] and row["killed"] == 1.0 and rc == 0, (row, r.stderr[-2000:])
+    doc = json.loads((tmp_path / "patches.json").read_text())
+    assert list(doc["targets"]) == ["vllm"] and "## Target `vllm`" in (tmp_path / "patches.md").read_text()
+
+
+def _synthetic_run(target: str, ttf: float) -> dict:
+    bugs = [{"id": "b1", "title": "t", "file": "b1.diff", "kind": "safety", "invariants": ["I1"], "level": "pool",
+             "engine": "check"},
+            {"id": "e1", "title": "t", "file": "e1.diff", "kind": "equivalent", "invariants": [], "level": "pool",
+             "engine": "check"}]
+    trials = [{"id": "b1", "seed": s, "applied": True, "killed": True, "invariant": "I1", "also": [],
+               "seconds_to_failure": ttf * (s + 1), "repro_steps": 3, "minimal_steps": 2, "minimal_proven": True,
+               "error": None} for s in range(2)]
+    trials += [{"id": "e1", "seed": s, "applied": True, "killed": False, "invariant": None, "also": [],
+                "seconds_to_failure": None, "repro_steps": None, "minimal_steps": None, "minimal_proven": False,
+                "error": None} for s in range(2)]
+    res = corpus_runner.summarize(target, bugs, trials, {}, {"seeds": 2, "timeout": 5.0, "jobs": 1}, 1.0)
+    res["command"] = f"kvspec patches --target {target} --seeds 2 --timeout 5"
+    return res
+
+
+def test_reports_keep_one_section_per_target_and_rerender(tmp_path):
+    a = _synthetic_run("vllm", 0.5)
+    corpus_runner.write_reports(a, str(tmp_path))
+    corpus_runner.write_reports(_synthetic_run("impl", 0.01), str(tmp_path))
+    corpus_runner.write_reports(_synthetic_run("impl", 0.02), str(tmp_path))  # replaces impl's section only
+    doc = json.loads((tmp_path / "patches.json").read_text())
+    assert list(doc["targets"]) == ["impl", "vllm"]
+    assert doc["targets"]["impl"]["trials"][0]["seconds_to_failure"] == 0.02
+    assert doc["targets"]["vllm"]["patches"] == a["patches"]
+    md = (tmp_path / "patches.md").read_text()
+    assert md.index("## Target `impl`") < md.index("## Target `vllm`")
+    assert "`kvspec patches --target vllm --seeds 2 --timeout 5`" in md
+    s = doc["targets"]["impl"]["summary"]["safety"]
+    assert s["median_repro_over_minimal"] == 1.5 and s["solve_rate"] == 1.0
+    (tmp_path / "patches.md").unlink()
+    (tmp_path / "patches_ttf.png").unlink()
+    assert corpus_runner.main(["--render", str(tmp_path)]) == 0
+    assert (tmp_path / "patches.md").read_text() == md and (tmp_path / "patches_ttf.png").is_file()
+
+
+def test_a_target_without_a_corpus_is_a_one_line_usage_error(capsys, tmp_path, monkeypatch):
+    (tmp_path / "corpus" / "impl").mkdir(parents=True)
+    (tmp_path / "corpus" / "impl" / "bugs.json").write_text("[]")
+    monkeypatch.setattr(corpus_runner, "CORPUS_ROOT", tmp_path / "corpus")
+    rc, out = run(["patches", "--target", "nanovllm", "--seeds", "1"], capsys)
+    assert rc == 2 and out.out == ""
+    (line,) = out.err.strip().splitlines()
+    assert "no bug corpus for target nanovllm" in line and "corpora here: impl" in line
+
+
+@pytest.mark.upstream
+@pytest.mark.skipif(bool(_available("nanovllm", "nanovllm")), reason=_available("nanovllm", "nanovllm") or "available")
+def test_patches_on_the_nanovllm_corpus(tmp_path):
+    bug = next(b for b in json.loads((CORPUS / "nanovllm" / "bugs.json").read_text()) if b["kind"] == "safety")
+    rc, r = _run_cli(["patches", "--target", "nanovllm", "--only", bug["id"], "--seeds", "1", "--timeout", "20",
+                      "--json", "--report-dir", str(tmp_path)])
+    d = json.loads(r.stdout)
+    (row,) = d["patches"]
+    assert row["applied"] and row["killed"] == 1.0 and rc == 0, (row, r.stderr[-2000:])
+    assert list(json.loads((tmp_path / "patches.json").read_text())["targets"]) == ["nanovllm"]

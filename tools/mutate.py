@@ -1,269 +1,461 @@
-"""A small, honest mutation-testing driver for impl/ (kvspec's reference allocator).
+"""Mutation testing of impl/ (kvspec's reference allocator) with cosmic-ray, kvspec's
+stateful machines being the killing suite.
 
-Why not mutmut or cosmic-ray: mutmut is not in this environment's package index, and
-both tools assume the package under test is imported from the directory they mutate,
-while impl/ is installed as ``kvspec.impl`` through setuptools ``package-dir``. So
-this driver generates the mutants itself and runs each through the *same patched-
-import path kvspec uses for ``--patch``*: a mutant is a unified diff against impl/,
-applied to a temporary copy (``kvspec.targets.patched.import_patched_copy``).
+    pip install cosmic-ray==8.7.0        # not a kvspec dependency: only this tool needs it
+    python tools/mutate.py [--jobs N] [--budget S] [--timeout S] [--only FILE] [--limit N]
 
-Operators (AST-located, applied as minimal text edits, one per mutant):
-  cmp     swap a comparison operator (< <=, > >=, == !=, is / is not, in / not in)
-  arith   swap a binary or augmented arithmetic operator (+ -, // *, += -=)
-  const   change an int constant (0 -> 1, 1 -> 0, n -> n + 1) or flip True/False
-  bool    swap and / or; drop a ``not``
-  loop    swap break / continue
-  stmt    replace a one-line statement (assignment, call, raise, return, ...) by ``pass``
-          (a return becomes ``return None``)
-Docstrings and ``__repr__``-free lines are never touched; errors.py and __init__.py
-(declarations only) are not mutated.
+What it does:
 
-Killing (the suite, in order, stopping at the first kill):
-  1. import   the mutated package fails to import;
-  2. search   kvspec's stateful machines (the same ``LevelSearch`` ``kvspec check``
-              runs, without the minimizer) on pool and cache level, valid use and with
-              misuse, ``--budget`` seconds each, seed 0;
-  3. suite    ``pytest tests/mutation/test_kill.py`` (the same machines, on fresh
-              seeds, plus small unit checks) and impl's unit tests
-              (test_free_queue, test_hashing, test_kv_cache_manager, test_misuse),
-              run in a subprocess with ``KVSPEC_MUTANT`` set, so tests/mutation/
-              conftest.py swaps the mutant in for ``kvspec.impl``.
-A mutant that survives all three is *survived*; tools/mutate.py never decides that
-a survivor is equivalent -- reports/mutation.md lists the survivors a person judged
-equivalent, with the reason.
+1. Makes one working copy per worker under ``--workdir`` (impl/, tests/ and
+   pyproject.toml of this checkout). cosmic-ray mutates the copy's impl/ in place, so
+   this checkout's impl/ is never touched, and parallel work on it is unaffected.
+2. ``cosmic-ray init`` over the copy's impl/ (``__init__.py`` and ``errors.py`` are
+   declarations only and are excluded), all of cosmic-ray's core operators.
+3. ``cosmic-ray baseline``: the killing suite must pass on the unmutated impl.
+4. ``cosmic-ray exec`` with the ``http`` distributor and one ``cosmic-ray http-worker``
+   per working copy. The test command of every mutant is
 
-    python tools/mutate.py [--jobs N] [--budget S] [--only FILE] [--out reports/mutation.json]
+       env KVSPEC_IMPL_DIR=impl KVSPEC_KILL_BUDGET=S python -m pytest -x -q \\
+           tests/mutation/test_kill.py tests/test_free_queue.py tests/test_hashing.py \\
+           tests/test_kv_cache_manager.py tests/test_misuse.py tests/mutation/test_machines.py
+
+   tests/mutation/conftest.py imports the mutated copy *as* ``kvspec.impl``. The unit
+   tests run first (milliseconds each; with ``-x`` the first failure kills the mutant),
+   then tests/mutation/test_machines.py: kvspec's stateful machines (the ``LevelSearch``
+   that ``kvspec check`` runs, pool and cache level, valid use and with misuse mixed
+   in, S seconds each). A mutant the machines kill is one every unit test missed. A
+   mutant that hangs is killed by cosmic-ray's timeout.
+5. Reads the session back (``cosmic-ray dump``) and writes ``--out`` (JSON: every
+   mutant with its outcome, what killed it and its diff) and ``--md`` (the report).
+
+Equivalent mutants: tools/mutate.py never decides that a survivor is equivalent. A
+person does, in tests/mutation/equivalent.json (one entry per mutant, matched on file,
+operator and the changed lines, with a one-line reason); the report gives the raw
+score and the score adjusted for those.
 """
 from __future__ import annotations
 
 import argparse
-import ast
-import difflib
+import collections
 import json
 import os
+import re
+import shlex
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPL = ROOT / "impl"
-FILES = ["block.py", "free_queue.py", "block_pool.py", "hashing.py", "kv_cache_manager.py"]
-UNIT_TESTS = ["tests/mutation/test_kill.py", "tests/test_free_queue.py", "tests/test_hashing.py",
-              "tests/test_kv_cache_manager.py", "tests/test_misuse.py"]
-
-CMP_SWAP = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==",
-            ast.Is: "is not", ast.IsNot: "is", ast.In: "not in", ast.NotIn: "in"}
-CMP_TEXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
-            ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
-ARITH_SWAP = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.FloorDiv: ("//", "*"), ast.Mult: ("*", "//")}
+EQUIVALENT_FILE = ROOT / "tests" / "mutation" / "equivalent.json"
+EXCLUDED = ["impl/__init__.py", "impl/errors.py"]
+# Cheapest first: with -x the first failure ends the run, so a mutant that a unit test
+# kills costs no machine time. The machines (test_machines.py) come last: a mutant
+# killed there is one that every unit test missed.
+SUITE = ["tests/mutation/test_kill.py", "tests/test_free_queue.py", "tests/test_hashing.py",
+         "tests/test_kv_cache_manager.py", "tests/test_misuse.py", "tests/mutation/test_machines.py"]
+BASE_PORT = 9876
 
 
-@dataclass
-class Mutant:
-    id: str
-    file: str
-    line: int
-    operator: str
-    before: str
-    after: str
-    diff: str
+def _die(msg: str) -> None:
+    print(f"tools/mutate.py: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
-def _docstring_nodes(tree: ast.AST) -> set[int]:
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                out.add(id(first))
-    return out
+def _cosmic_ray() -> list[str]:
+    try:
+        import cosmic_ray  # noqa: F401
+    except ImportError:
+        _die("cosmic-ray is not installed: pip install cosmic-ray==8.7.0")
+    return [sys.executable, "-m", "cosmic_ray.cli"]
 
 
-def _offset(lines: list[str], line: int, col: int) -> int:
-    return sum(len(x) for x in lines[: line - 1]) + len(lines[line - 1].encode()[:col].decode())
+def test_command(budget: float) -> str:
+    # `env` because cosmic-ray splits the command with shlex and runs it without a shell.
+    return " ".join(["env", "KVSPEC_IMPL_DIR=impl", f"KVSPEC_KILL_BUDGET={budget:g}", shlex.quote(sys.executable),
+                     "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:kvspec", "-p", "no:benchmark",
+                     "-p", "no:xdist", *SUITE])
 
 
-def _edits(src: str) -> list[tuple[int, int, int, str, str]]:
-    """(start, end, line, operator, replacement) text edits, one per mutant."""
-    tree = ast.parse(src)
-    lines = src.splitlines(True)
-    docs = _docstring_nodes(tree)
-    out = []
-
-    def span(node) -> tuple[int, int]:
-        return _offset(lines, node.lineno, node.col_offset), _offset(lines, node.end_lineno, node.end_col_offset)
-
-    def between(a, b, text: str, repl: str, op: str, line: int) -> None:
-        s, e = span(a)[1], span(b)[0]
-        seg = src[s:e]
-        i = seg.find(f" {text} ") if text.isalpha() or " " in text else seg.find(text)
-        if i < 0:
-            return
-        if text.isalpha() or " " in text:
-            i += 1
-        out.append((s + i, s + i + len(text), line, op, repl))
-
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            prev = node.left
-            for op, right in zip(node.ops, node.comparators):
-                if type(op) in CMP_SWAP:
-                    between(prev, right, CMP_TEXT[type(op)], CMP_SWAP[type(op)], "cmp", node.lineno)
-                prev = right
-        elif isinstance(node, ast.BinOp) and type(node.op) in ARITH_SWAP:
-            t, r = ARITH_SWAP[type(node.op)]
-            between(node.left, node.right, t, r, "arith", node.lineno)
-        elif isinstance(node, ast.AugAssign) and type(node.op) in (ast.Add, ast.Sub):
-            t, r = ("+=", "-=") if isinstance(node.op, ast.Add) else ("-=", "+=")
-            between(node.target, node.value, t, r, "arith", node.lineno)
-        elif isinstance(node, ast.BoolOp):
-            t, r = ("and", "or") if isinstance(node.op, ast.And) else ("or", "and")
-            for a, b in zip(node.values, node.values[1:]):
-                between(a, b, t, r, "bool", node.lineno)
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            s, e = span(node)
-            inner = span(node.operand)
-            out.append((s, inner[0], node.lineno, "bool", ""))
-        elif isinstance(node, ast.Constant) and id(node) not in docs:
-            v = node.value
-            if isinstance(v, bool):
-                s, e = span(node)
-                out.append((s, e, node.lineno, "const", str(not v)))
-            elif isinstance(v, int) and node.lineno == node.end_lineno:
-                s, e = span(node)
-                if src[s:e].isdigit():
-                    out.append((s, e, node.lineno, "const", "1" if v == 0 else "0" if v == 1 else str(v + 1)))
-        elif isinstance(node, (ast.Break, ast.Continue)):
-            s, e = span(node)
-            out.append((s, e, node.lineno, "loop", "continue" if isinstance(node, ast.Break) else "break"))
-        if isinstance(node, ast.stmt) and id(node) not in docs and node.lineno == node.end_lineno and \
-                isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Raise, ast.Return)):
-            s, e = span(node)
-            repl = "return None" if isinstance(node, ast.Return) else "pass"
-            if isinstance(node, ast.Return) and (node.value is None or
-                                                 (isinstance(node.value, ast.Constant) and node.value.value is None)):
-                continue
-            out.append((s, e, node.lineno, "stmt", repl))
-    return out
+def make_copy(dst: Path) -> None:
+    dst.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(ROOT / "impl", dst / "impl", ignore=ignore)
+    shutil.copytree(ROOT / "tests", dst / "tests", ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
 
 
-def generate(only: str | None = None) -> list[Mutant]:
-    mutants = []
-    for name in FILES:
-        if only and name != only:
-            continue
-        rel = f"impl/{name}"
-        src = (IMPL / name).read_text()
-        seen = set()
-        for k, (s, e, line, op, repl) in enumerate(sorted(_edits(src))):
-            new = src[:s] + repl + src[e:]
-            if new == src or new in seen:
-                continue
+def write_config(path: Path, a, ports: list[int]) -> None:
+    excluded = list(EXCLUDED)
+    if a.only:
+        excluded += [f"impl/{p.name}" for p in sorted((ROOT / "impl").glob("*.py"))
+                     if p.name != a.only and f"impl/{p.name}" not in excluded]
+    urls = ", ".join(f'"http://localhost:{p}"' for p in ports)
+    path.write_text(
+        "[cosmic-ray]\n"
+        'module-path = "impl"\n'
+        f"timeout = {a.timeout:g}\n"
+        f"excluded-modules = {json.dumps(excluded)}\n"
+        f"test-command = {json.dumps(test_command(a.budget))}\n\n"
+        "[cosmic-ray.distributor]\n"
+        'name = "http"\n\n'
+        "[cosmic-ray.distributor.http]\n"
+        f"worker-urls = [{urls}]\n")
+
+
+def _free_ports(n: int) -> list[int]:
+    out, p = [], BASE_PORT
+    while len(out) < n:
+        with socket.socket() as s:
             try:
-                ast.parse(new)
-            except SyntaxError:
-                continue
-            seen.add(new)
-            diff = "".join(difflib.unified_diff(src.splitlines(True), new.splitlines(True), f"a/{rel}", f"b/{rel}", n=3))
-            mutants.append(Mutant(f"{name[:-3]}:{line}:{op}:{len(mutants)}", rel, line, op,
-                                  src.splitlines()[line - 1].strip(), new.splitlines()[line - 1].strip()
-                                  if line <= len(new.splitlines()) else "", diff))
-    return mutants
+                s.bind(("localhost", p))
+                out.append(p)
+            except OSError:
+                pass
+        p += 1
+    return out
 
 
-def kill(m: dict, budget: float, suite: bool) -> dict:
-    """Run the killing suite on one mutant (in a worker process)."""
-    from kvspec.checker import LevelSearch
-    from kvspec.targets.registry import load_target
+def _wait_port(port: int, proc: subprocess.Popen, limit: float = 60.0) -> None:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            _die(f"cosmic-ray http-worker on port {port} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("localhost", port)) == 0:
+                return
+        time.sleep(0.2)
+    _die(f"cosmic-ray http-worker on port {port} did not start")
 
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "mutant.diff"
-        path.write_text(m["diff"])
+
+def _progress(session: Path, total: int, stop: threading.Event, t0: float) -> None:
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    while not stop.wait(15):
         try:
-            target = load_target("impl", patch=str(path))
-        except Exception as e:
-            return {"id": m["id"], "status": "killed", "by": "import", "detail": str(e)[:200],
-                    "seconds": round(time.monotonic() - t0, 2)}
-        for misuse in (False, True):
-            searches = [LevelSearch(target, lvl, misuse=misuse, seed=0) for lvl in ("pool", "cache")]
-            end = time.monotonic() + budget
-            try:
-                while time.monotonic() < end:
-                    for s in searches:
-                        f = s.run_batch()
-                        if f is None and s.robust:
-                            f = next(iter(s.robust.values()))
-                        if f is not None:
-                            return {"id": m["id"], "status": "killed",
-                                    "by": f"search{'+misuse' if misuse else ''}:{f.invariant}",
-                                    "detail": f.violations[0].message[:200], "seconds": round(time.monotonic() - t0, 2)}
-            except Exception as e:  # a mutant that breaks the harness itself
-                return {"id": m["id"], "status": "killed", "by": "search:error", "detail": f"{type(e).__name__}: {e}"[:200],
-                        "seconds": round(time.monotonic() - t0, 2)}
-        if suite:
-            env = dict(os.environ, KVSPEC_MUTANT=str(path), KVSPEC_KILL_BUDGET=str(budget))
-            try:
-                r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *UNIT_TESTS],
-                                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-                failed = r.returncode != 0
-                detail = next((ln for ln in r.stdout.splitlines() if ln.startswith("FAILED")), r.stdout.strip()[-200:])
-            except subprocess.TimeoutExpired:
-                failed, detail = True, "the suite timed out (an infinite loop)"
-            if failed:
-                return {"id": m["id"], "status": "killed", "by": "suite", "detail": detail[:200],
-                        "seconds": round(time.monotonic() - t0, 2)}
-    return {"id": m["id"], "status": "survived", "by": None, "detail": "", "seconds": round(time.monotonic() - t0, 2)}
+            with use_db(str(session), WorkDB.Mode.open) as db:
+                done = db.num_results
+        except Exception:
+            continue
+        sys.stderr.write(f"[mutate] {done}/{total} mutants done, {time.monotonic() - t0:.0f} s\n")
+        sys.stderr.flush()
+
+
+# -- reading the session back ------------------------------------------------------------
+def _changed_lines(diff: str) -> tuple[str, str]:
+    minus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("-") and not ln.startswith("---")]
+    plus = [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+    return " / ".join(minus), " / ".join(plus)
+
+
+def _killed_by(output: str, test_outcome: str) -> Optional[str]:
+    if test_outcome != "killed":
+        return None
+    if output.strip() == "timeout":
+        return "timeout (the mutant hangs)"
+    m = re.search(r"^FAILED (\S+)", output, re.M) or re.search(r"^ERROR (\S+)", output, re.M)
+    if m:
+        return m.group(1)
+    if "error" in output.lower() and ("collect" in output.lower() or "ImportError" in output):
+        return "import / collection"
+    return "the suite (see output)"
+
+
+def _stage(killed_by: Optional[str]) -> Optional[str]:
+    if killed_by is None:
+        return None
+    if killed_by.startswith("tests/mutation/test_machines.py"):
+        return "kvspec stateful machines"
+    if killed_by.startswith("tests/mutation/test_kill.py"):
+        return "kill-suite unit checks"
+    if killed_by.startswith("timeout"):
+        return "timeout"
+    if killed_by.startswith("tests/"):
+        return "impl unit tests"
+    return "import / collection"
+
+
+def read_session(w0: Path, session: Path) -> list[dict]:
+    out = subprocess.run(_cosmic_ray() + ["dump", str(session)], cwd=w0, capture_output=True, text=True, check=True)
+    rows = []
+    for line in out.stdout.splitlines():
+        item, result = json.loads(line)
+        m = item["mutations"][0]
+        result = result or {}
+        diff = result.get("diff") or ""
+        minus, plus = _changed_lines(diff)
+        outcome = result.get("test_outcome")
+        if result.get("worker_outcome") not in (None, "normal"):
+            outcome = outcome or result.get("worker_outcome")
+        kb = _killed_by(result.get("output") or "", outcome)
+        rows.append({
+            "job_id": item["job_id"], "file": m["module_path"], "operator": m["operator_name"].removeprefix("core/"),
+            "occurrence": m["occurrence"], "line": m["start_pos"][0] if m.get("start_pos") else None,
+            "outcome": outcome or "pending", "killed_by": kb, "stage": _stage(kb),
+            "before": minus, "after": plus, "diff": diff,
+        })
+    return rows
+
+
+def load_equivalents() -> list[dict]:
+    if not EQUIVALENT_FILE.is_file():
+        return []
+    return json.loads(EQUIVALENT_FILE.read_text())
+
+
+def _matches(row: dict, eq: dict) -> bool:
+    return (row["file"] == eq["file"] and row["operator"] == eq["operator"]
+            and row["before"] == eq["before"] and row["after"] == eq["after"])
+
+
+def summarize(rows: list[dict], equivalents: list[dict], meta: dict) -> dict:
+    done = [r for r in rows if r["outcome"] in ("killed", "survived")]
+    killed = [r for r in done if r["outcome"] == "killed"]
+    survived = [r for r in done if r["outcome"] == "survived"]
+    matched, unmatched_eq = [], []
+    for eq in equivalents:
+        hit = [r for r in survived if _matches(r, eq)]
+        (matched if hit else unmatched_eq).append(eq)
+        for r in hit:
+            r["equivalent"] = eq["reason"]
+    eq_rows = [r for r in survived if r.get("equivalent")]
+    adj_den = len(done) - len(eq_rows)
+
+    def group(key):
+        g = collections.defaultdict(lambda: {"mutants": 0, "killed": 0, "survived": 0, "equivalent": 0})
+        for r in done:
+            d = g[r[key]]
+            d["mutants"] += 1
+            d[r["outcome"]] += 1
+            d["equivalent"] += bool(r.get("equivalent"))
+        return dict(sorted(g.items()))
+
+    return {
+        **meta,
+        "mutants": len(rows), "completed": len(done), "killed": len(killed), "survived": len(survived),
+        "other": len(rows) - len(done),
+        "score_raw": round(len(killed) / len(done), 4) if done else None,
+        "equivalent": len(eq_rows),
+        "score_adjusted": round(len(killed) / adj_den, 4) if adj_den else None,
+        "killed_by_stage": dict(collections.Counter(r["stage"] for r in killed)),
+        "by_file": group("file"),
+        "by_operator": group("operator"),
+        "equivalents_not_seen": unmatched_eq,
+        "rows": rows,
+    }
+
+
+def markdown(res: dict) -> str:
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    eq_rows = [r for r in res["rows"] if r.get("equivalent")]
+    surv = [r for r in res["rows"] if r["outcome"] == "survived" and not r.get("equivalent")]
+    out = [
+        "# Mutation testing of impl/ (cosmic-ray, kvspec's stateful machines as the killing suite)", "",
+        "Commands (`pip install cosmic-ray==8.7.0` first; `benchmarks/run_mutation.sh` wraps the first):", "",
+        *[f"{i}. `{p['command']}` ({p['seconds']:.0f} s wall)" for i, p in enumerate(res.get("passes") or
+                                                                       [{"command": res["command"],
+                                                                         "seconds": res["seconds"]}], 1)],
+        "",
+        f"cosmic-ray {res['cosmic_ray']}, {res['jobs']} http workers, {res['seconds']:.0f} s wall in all on "
+        f"{res['cpus']} cores.", "",
+        "Every mutant of `impl/*.py` (except `__init__.py` and `errors.py`, declarations only) that cosmic-ray's "
+        "core operators produce is run against the killing suite, cheapest first, stopping at the first failure "
+        "(`pytest -x`):", "",
+        "1. `tests/mutation/test_kill.py`: small checks of what the machines do not observe (usage, the hash "
+        "encoding's inverse, the block repr);",
+        "2. impl's unit tests: `tests/test_free_queue.py`, `tests/test_hashing.py`, `tests/test_kv_cache_manager.py`, "
+        "`tests/test_misuse.py`;",
+        f"3. `tests/mutation/test_machines.py`: kvspec's stateful machines (the `LevelSearch` behind `kvspec check`), "
+        f"pool and cache level, valid use and with misuse, {res['budget']:g} s each, seed 0. A mutant killed here is "
+        f"one every unit test missed.", "",
+        f"Test command of every mutant: `{res.get('test_command', '')}` (tests/mutation/conftest.py imports the "
+        f"worker's mutated copy of impl/ as `kvspec.impl`).", "",
+        f"A mutant that runs past {res['timeout']:g} s is killed by cosmic-ray's timeout (it hangs).", "",
+        "## Score", "",
+        f"- **Raw: {res['killed']}/{res['completed']} = {pct(res['score_raw'])}** "
+        f"({res['survived']} survived{', ' + str(res['other']) + ' not completed' if res['other'] else ''}).",
+        f"- **Adjusted for equivalent mutants: {res['killed']}/{res['completed'] - res['equivalent']} = "
+        f"{pct(res['score_adjusted'])}** ({res['equivalent']} survivors judged equivalent, listed below).",
+        "- Killed by: " + ", ".join(f"{k} {v}" for k, v in sorted(res["killed_by_stage"].items(), key=lambda kv: -kv[1]))
+        + ".", "",
+        "| file | mutants | killed | survived | of which equivalent |", "|---|---|---|---|---|",
+    ]
+    for f, d in res["by_file"].items():
+        out.append(f"| {f} | {d['mutants']} | {d['killed']} | {d['survived']} | {d['equivalent']} |")
+    fam: dict = {}
+    for op, d in res["by_operator"].items():
+        f = fam.setdefault(op.split("_")[0], {"mutants": 0, "killed": 0, "survived": 0, "equivalent": 0})
+        for k in f:
+            f[k] += d[k]
+    out += ["", "| operator family | mutants | killed | survived | of which equivalent |", "|---|---|---|---|---|"]
+    for op, d in sorted(fam.items()):
+        out.append(f"| {op} | {d['mutants']} | {d['killed']} | {d['survived']} | {d['equivalent']} |")
+    out += ["", "## Survivors judged equivalent", "",
+            "Judged by reading the code (tests/mutation/equivalent.json); each reason says why no caller of impl "
+            "can observe the change.", "",
+            "| file:line | operator | before | after | why it is equivalent |", "|---|---|---|---|---|"]
+    for r in eq_rows:
+        out.append(f"| {r['file']}:{r['line']} | {r['operator']} | `{r['before']}` | `{r['after']}` | {r['equivalent']} |")
+    out += ["", "## Survivors not judged equivalent", ""]
+    if surv:
+        out += ["| file:line | operator | before | after |", "|---|---|---|---|"]
+        for r in surv:
+            out.append(f"| {r['file']}:{r['line']} | {r['operator']} | `{r['before']}` | `{r['after']}` |")
+    else:
+        out.append("None.")
+    if res.get("notes"):
+        out += ["", "## Notes", "", res["notes"]]
+    return "\n".join(out) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--budget", type=float, default=2.0, help="seconds per machine search (default 2)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="cosmic-ray http workers (default: CPUs)")
+    ap.add_argument("--budget", type=float, default=2.0, help="seconds per machine search in test_kill.py (default 2)")
+    ap.add_argument("--timeout", type=float, default=90.0, help="cosmic-ray's timeout per mutant (default 90 s)")
     ap.add_argument("--only", help="one file of impl/, e.g. free_queue.py")
-    ap.add_argument("--no-suite", action="store_true", help="skip the pytest stage")
-    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--limit", type=int, help="run only the first N mutants (a smoke test of the setup)")
+    ap.add_argument("--workdir", help="where the working copies and the session go (default: a temp dir)")
     ap.add_argument("--out", default="reports/mutation.json")
+    ap.add_argument("--md", default="reports/mutation.md")
+    ap.add_argument("--rerun-survivors", metavar="WORKDIR",
+                    help="after the killing suite gained tests: copy this checkout's tests/ into the working copies "
+                         "of a previous run's WORKDIR and run its survivors again (killed mutants stay killed: the "
+                         "suite only grows)")
+    ap.add_argument("--report-only", metavar="JSON", help="re-read a previous --out and rewrite --md (after editing "
+                                                          "tests/mutation/equivalent.json); runs nothing")
     a = ap.parse_args()
-    mutants = generate(a.only)
-    if a.list:
-        for m in mutants:
-            print(f"{m.id}  {m.before!r} -> {m.after!r}")
-        print(f"{len(mutants)} mutants")
-        return 0
+
+    if a.report_only:
+        prev = json.loads(Path(a.report_only).read_text())
+        for r in prev["rows"]:
+            r.pop("equivalent", None)
+        meta = {k: prev.get(k) for k in ("command", "passes", "cosmic_ray", "jobs", "budget", "timeout", "seconds",
+                                         "cpus", "test_command", "workdir")}
+        res = summarize(prev["rows"], load_equivalents(), meta)
+        res["notes"] = prev.get("notes")
+        return _write(res, a)
+
+    cr = _cosmic_ray()
+    from importlib.metadata import version
+
     t0 = time.monotonic()
-    results = {}
-    with ProcessPoolExecutor(max_workers=a.jobs) as ex:
-        futs = {ex.submit(kill, asdict(m), a.budget, not a.no_suite): m for m in mutants}
-        for i, fut in enumerate(as_completed(futs), 1):
-            r = fut.result()
-            results[r["id"]] = r
-            if sys.stderr.isatty():
-                sys.stderr.write(f"\r\033[K[{i}/{len(mutants)}] {r['id']} {r['status']}")
-                sys.stderr.flush()
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K")
-    rows = [asdict(m) | results[m.id] for m in mutants]
-    killed = sum(r["status"] == "killed" for r in rows)
-    out = {"command": "python tools/mutate.py " + " ".join(sys.argv[1:]), "mutants": len(rows), "killed": killed,
-           "survived": len(rows) - killed, "score": round(killed / len(rows), 4) if rows else None,
-           "budget": a.budget, "seconds": round(time.monotonic() - t0, 1),
-           "by_operator": {op: {"mutants": sum(r["operator"] == op for r in rows),
-                                "killed": sum(r["operator"] == op and r["status"] == "killed" for r in rows)}
-                           for op in sorted({r["operator"] for r in rows})},
-           "rows": rows}
+    passes = []
+    if a.rerun_survivors:
+        work = Path(a.rerun_survivors)
+        prev = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {}
+        passes = prev.get("passes") or ([{"command": prev["command"], "seconds": prev["seconds"]}] if prev else [])
+        copies = sorted(p for p in work.glob("w*") if p.is_dir())
+        cfg, session = work / "cr.toml", work / "session.sqlite"
+        if not copies or not session.is_file():
+            _die(f"{work}: not a tools/mutate.py working directory")
+        for c in copies:  # the suite's new tests; impl/ stays as cosmic-ray's init saw it
+            shutil.rmtree(c / "tests")
+            shutil.copytree(ROOT / "tests", c / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        ports = _free_ports(len(copies))
+        write_config(cfg, a, ports)
+        w0 = copies[0]
+        n = _forget_survivors(session)
+        print(f"[mutate] re-running {n} survivors", file=sys.stderr)
+    else:
+        work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="kvspec-mutation-"))
+        if work.exists() and any(work.iterdir()):
+            shutil.rmtree(work)
+        work.mkdir(parents=True, exist_ok=True)
+        copies = [work / f"w{i}" for i in range(max(1, a.jobs))]
+        for c in copies:
+            make_copy(c)
+        ports = _free_ports(len(copies))
+        cfg, session = work / "cr.toml", work / "session.sqlite"
+        write_config(cfg, a, ports)
+        w0 = copies[0]
+        subprocess.run(cr + ["init", str(cfg), str(session)], cwd=w0, check=True)
+        if a.limit:
+            _keep_first(session, a.limit)
+    total = _count(session)
+    print(f"[mutate] {total} mutants; baseline run of the killing suite ...", file=sys.stderr)
+    base = subprocess.run(cr + ["baseline", str(cfg)], cwd=w0, capture_output=True, text=True)
+    if base.returncode != 0:
+        _die(f"the killing suite fails on the unmutated impl (cosmic-ray baseline):\n{base.stdout}{base.stderr}")
+    workers = []
+    stop = threading.Event()
+    try:
+        for c, p in zip(copies, ports):
+            workers.append(subprocess.Popen(cr + ["http-worker", "--port", str(p)], cwd=c, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True))
+        for p, w in zip(ports, workers):
+            _wait_port(p, w)
+        threading.Thread(target=_progress, args=(session, total, stop, t0), daemon=True).start()
+        subprocess.run(cr + ["exec", str(cfg), str(session)], cwd=w0, check=True)
+    finally:
+        stop.set()
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                w.kill()
+    rows = read_session(w0, session)
+    cmd = ("python tools/mutate.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])).strip()
+    passes.append({"command": cmd, "seconds": round(time.monotonic() - t0, 1)})
+    meta = {"command": passes[0]["command"], "passes": passes, "cosmic_ray": version("cosmic-ray"),
+            "jobs": len(copies), "budget": a.budget, "timeout": a.timeout,
+            "seconds": round(sum(p["seconds"] for p in passes), 1), "cpus": os.cpu_count(),
+            "test_command": test_command(a.budget), "workdir": str(work)}
+    res = summarize(rows, load_equivalents(), meta)
+    return _write(res, a)
+
+
+def _write(res: dict, a) -> int:
+    for r in res["rows"]:  # keep the JSON small: a killed mutant's before/after lines say enough
+        if r["outcome"] == "killed":
+            r.pop("diff", None)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{killed}/{len(rows)} mutants killed ({100 * killed / max(len(rows), 1):.1f}%) in {out['seconds']:.0f} s; "
-          f"wrote {a.out}")
-    for r in rows:
-        if r["status"] == "survived":
-            print(f"  survived {r['id']}: {r['before']!r} -> {r['after']!r}")
+    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    Path(a.md).write_text(markdown(res))
+    print(f"{res['killed']}/{res['completed']} mutants killed (raw {100 * (res['score_raw'] or 0):.1f}%, adjusted "
+          f"{100 * (res['score_adjusted'] or 0):.1f}% with {res['equivalent']} equivalent) in {res['seconds']:.0f} s; "
+          f"wrote {a.out} and {a.md}")
+    for r in res["rows"]:
+        if r["outcome"] == "survived" and not r.get("equivalent"):
+            print(f"  survived {r['file']}:{r['line']} {r['operator']}: {r['before']!r} -> {r['after']!r}")
     return 0
+
+
+def _count(session: Path) -> int:
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        return db.num_work_items
+
+
+def _forget_survivors(session: Path) -> int:
+    import sqlite3
+
+    con = sqlite3.connect(session)
+    n = con.execute("DELETE FROM work_results WHERE upper(test_outcome) = 'SURVIVED'").rowcount
+    con.commit()
+    con.close()
+    return n
+
+
+def _keep_first(session: Path, n: int) -> None:
+    import sqlite3
+
+    con = sqlite3.connect(session)
+    ids = [r[0] for r in con.execute("SELECT job_id FROM work_items ORDER BY rowid")][n:]
+    con.execute("PRAGMA foreign_keys = ON")
+    for jid in ids:
+        con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
+        con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
+    con.commit()
+    con.close()
 
 
 if __name__ == "__main__":
