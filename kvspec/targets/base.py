@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import Config
 from ..observation import Observation
-from ..ops import Op
+from ..ops import Alloc, Cache, CachePartial, Free, FreeForeign, Lookup, Op, Reset, Touch
 
 
 class TargetError(Exception):
@@ -65,6 +65,48 @@ class Driver(ABC):
     @abstractmethod
     def observe(self) -> Observation:
         """The normalized state, read from the allocator's internals."""
+
+
+class V1PoolDriver(Driver):
+    """Pool-level driver for a vLLM-v1-shaped ``BlockPool`` (``self.pool``, with
+    ``blocks``, ``get_new_blocks``, ``free_blocks``, ``touch``, ``reset_prefix_cache``).
+    The pools differ only in how a label becomes a cached hash and how a lookup is
+    asked, so subclasses supply those three calls."""
+
+    pool: Any
+
+    def _blocks(self, ids):
+        return [self.pool.blocks[i] for i in ids]
+
+    @abstractmethod
+    def _cache(self, ids: tuple[int, ...], labels: tuple[str, ...]) -> Any:
+        """cache_full_blocks on the blocks ``ids`` under the hashes of ``labels``."""
+
+    @abstractmethod
+    def _lookup(self, label: str) -> Any:
+        """The block id get_cached_block returns for ``label``'s hash, or None."""
+
+    @abstractmethod
+    def _foreign_block(self) -> Any:
+        """One block handed out by another, fresh pool of the same kind."""
+
+    def apply(self, op: Op) -> Any:
+        p = self.pool
+        if isinstance(op, Alloc):
+            return tuple(b.block_id for b in p.get_new_blocks(op.n))
+        if isinstance(op, Free):
+            return p.free_blocks(self._blocks(op.blocks))
+        if isinstance(op, Touch):
+            return p.touch(self._blocks(op.blocks))
+        if isinstance(op, (Cache, CachePartial)):
+            return self._cache(op.blocks, op.hashes)
+        if isinstance(op, FreeForeign):
+            return p.free_blocks([self._foreign_block()])
+        if isinstance(op, Lookup):
+            return self._lookup(op.hash)
+        if isinstance(op, Reset):
+            return p.reset_prefix_cache()
+        raise TypeError(f"{op!r} is not a pool-level op")
 
 
 class Target(ABC):

@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 from ..config import Config
 from ..observation import FOREIGN, HEAD, TAIL, BlockState, Observation, ObservationDelta, RequestState
 from ..ops import Admit, Alloc, Cache, CachePartial, Finish, Free, FreeForeign, Lookup, Op, Preempt, Reset, Step, Touch
-from .base import Driver, Target, Traits
+from .base import Driver, Target, Traits, V1PoolDriver
 
 
 def label_hash(label: str) -> bytes:
@@ -612,34 +612,20 @@ class _InPlaceSnapshots:
     snapshot.in_place = True  # type: ignore[attr-defined]
 
 
-class ImplPoolDriver(_InPlaceSnapshots, _Deltas, Driver):
+class ImplPoolDriver(_InPlaceSnapshots, _Deltas, V1PoolDriver):
     def __init__(self, mod: ModuleType, config: Config) -> None:
         self.mod = mod
         self.pool = mod.BlockPool(config.num_blocks, enable_caching=config.caching)
 
-    def _blocks(self, ids):
-        return [self.pool.blocks[i] for i in ids]
+    def _cache(self, ids, labels) -> None:
+        return self.pool.cache_full_blocks(self._blocks(ids), [label_hash(h) for h in labels], 0, len(ids))
 
-    def apply(self, op: Op) -> Any:
-        p = self.pool
-        if isinstance(op, Alloc):
-            return tuple(b.block_id for b in p.get_new_blocks(op.n))
-        if isinstance(op, Free):
-            return p.free_blocks(self._blocks(op.blocks))
-        if isinstance(op, Touch):
-            return p.touch(self._blocks(op.blocks))
-        if isinstance(op, (Cache, CachePartial)):
-            hashes = [label_hash(h) for h in op.hashes]
-            return p.cache_full_blocks(self._blocks(op.blocks), hashes, 0, len(op.blocks))
-        if isinstance(op, FreeForeign):
-            other = self.mod.BlockPool(len(p.blocks))
-            return p.free_blocks(other.get_new_blocks(1))
-        if isinstance(op, Lookup):
-            b = p.get_cached_block(label_hash(op.hash))
-            return None if b is None else b.block_id
-        if isinstance(op, Reset):
-            return p.reset_prefix_cache()
-        raise TypeError(f"{op!r} is not a pool-level op")
+    def _lookup(self, label: str) -> Any:
+        b = self.pool.get_cached_block(label_hash(label))
+        return None if b is None else b.block_id
+
+    def _foreign_block(self) -> Any:
+        return self.mod.BlockPool(len(self.pool.blocks)).get_new_blocks(1)[0]
 
     def observe(self) -> Observation:
         return observe_pool(self.pool)

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from ..config import Config
 from ..observation import Observation, RequestState
 from ..ops import Admit, Alloc, Cache, CachePartial, Finish, Free, FreeForeign, Lookup, Op, Preempt, Reset, Step, Touch
-from .base import Driver, Target, Traits
+from .base import Driver, Target, Traits, V1PoolDriver
 from .impl_target import observe_pool
 from .vllm_patch import import_vllm
 
@@ -65,16 +65,13 @@ def label_tokens(label: str, block_size: int) -> list[int]:
     return (list(label.encode()) * block_size)[:block_size]
 
 
-class VllmPoolDriver(Driver):
+class VllmPoolDriver(V1PoolDriver):
     def __init__(self, up: Upstream, config: Config) -> None:
         self.up = up
         self.bs = config.block_size
         self.caching = config.caching
         self.pool = up.block_pool.BlockPool(config.num_blocks, enable_caching=config.caching,
                                             hash_block_size=config.block_size)
-
-    def _blocks(self, ids):
-        return [self.pool.blocks[i] for i in ids]
 
     def _cache(self, ids, labels) -> None:
         if not self.caching:
@@ -84,25 +81,14 @@ class VllmPoolDriver(Driver):
         req.block_hashes = hashes  # the labels' hashes, not the prompt's chained ones: that is the mapping
         self.pool.cache_full_blocks(req, self._blocks(ids), 0, len(ids), self.bs, GROUP)
 
-    def apply(self, op: Op) -> Any:
-        p = self.pool
-        if isinstance(op, Alloc):
-            return tuple(b.block_id for b in p.get_new_blocks(op.n))
-        if isinstance(op, Free):
-            return p.free_blocks(self._blocks(op.blocks))
-        if isinstance(op, Touch):
-            return p.touch(self._blocks(op.blocks))
-        if isinstance(op, (Cache, CachePartial)):
-            return self._cache(op.blocks, op.hashes)
-        if isinstance(op, FreeForeign):
-            other = self.up.block_pool.BlockPool(len(p.blocks), enable_caching=self.caching, hash_block_size=self.bs)
-            return p.free_blocks(other.get_new_blocks(1))
-        if isinstance(op, Lookup):
-            hit = p.get_cached_block(self.up.label_hash(op.hash, self.bs), [GROUP])
-            return None if hit is None else hit[0].block_id
-        if isinstance(op, Reset):
-            return p.reset_prefix_cache()
-        raise TypeError(f"{op!r} is not a pool-level op")
+    def _lookup(self, label: str) -> Any:
+        hit = self.pool.get_cached_block(self.up.label_hash(label, self.bs), [GROUP])
+        return None if hit is None else hit[0].block_id
+
+    def _foreign_block(self) -> Any:
+        other = self.up.block_pool.BlockPool(len(self.pool.blocks), enable_caching=self.caching,
+                                             hash_block_size=self.bs)
+        return other.get_new_blocks(1)[0]
 
     def observe(self) -> Observation:
         return observe_pool(self.pool)
