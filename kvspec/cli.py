@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("kernels", help="check the Triton paged-attention kernels against the float64 oracle")
     k.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    k.add_argument("--cases", type=int, default=None, help="generated cases (default: 30 on cpu, 48 on cuda)")
+    k.add_argument("--seed", type=int, default=0)
     k.add_argument("--json", action="store_true")
 
     b = sub.add_parser("bench", help="ops/second of a fixed-seed pool-level trace, nothing checked")
@@ -119,9 +121,11 @@ def _dispatch(a: argparse.Namespace) -> int:
         from .corpus_runner import cmd_patches
         return cmd_patches(a)
     if a.command == "kernels":
-        from .kernel_sweep import run_sweep
-        res = run_sweep(device=a.device)
-        _emit(res, a.json, json.dumps(res, indent=2, default=str))
+        from .kernel_sweep import run_sweep, sweep_text
+        if a.cases is not None and a.cases < 1:
+            raise UsageError("kvspec kernels: --cases must be at least 1")
+        res = run_sweep(device=a.device, seed=a.seed, count=a.cases)
+        _emit(res, a.json, sweep_text(res))
         return 1 if res.get("failures") else 0
     if a.command == "bench":
         from .bench import cmd_bench

@@ -276,10 +276,26 @@ def run_sweep(device: str = "cpu", seed: int = 0, count: Optional[int] = None,
     return res
 
 
+def sweep_text(res: dict[str, Any]) -> str:
+    """The sweep result for a terminal: one line per dtype, then each failing case."""
+    lines = [f"kvspec kernels: {res['cases']} cases on {res['device']} ({res['mode']}), seed {res['seed']}, "
+             f"{res['seconds']}s",
+             f"  rule: {res['rule']}"]
+    for dtype, d in res["per_dtype"].items():
+        lines.append(f"  {dtype:9} {d['cases']:3} cases  max err {d['max_err']:.3g}  max bound {d['max_bound']:.3g}  "
+                     f"worst err/bound {d['worst_ratio']:.2f}  {'ok' if d['passed'] else 'FAILED'}")
+    for f in res["failures"]:
+        lines.append(f"  FAILED {f}")
+    if "benchmark" in res:
+        lines.append(f"  benchmark: {res['benchmark']}")
+    lines.append(f"verdict: {'pass' if res['passed'] else 'violation'}")
+    return "\n".join(lines)
+
+
 def _floors() -> dict:
     from kvspec.kernels.tolerance import FLOOR
 
     return FLOOR
 
 
-__all__ = ["KernelCase", "CaseResult", "build_inputs", "run_case", "sweep_cases", "summarize", "run_sweep"]
+__all__ = ["KernelCase", "CaseResult", "build_inputs", "run_case", "sweep_cases", "summarize", "run_sweep", "sweep_text"]

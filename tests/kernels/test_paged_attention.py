@@ -176,3 +176,17 @@ def test_cli_cuda_without_gpu_is_a_usage_error(capsys):
     assert main(["kernels", "--device", "cuda", "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "CUDA" in err[0]
+
+
+def test_cli_cpu_json_reports_cases_and_max_error_per_dtype():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kvspec.cli", "kernels", "--device", "cpu", "--json", "--cases", "3"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["device"] == "cpu" and res["cases"] == 3 and res["passed"] is True
+    assert set(res["per_dtype"]) == {"float32", "float16", "bfloat16"}
+    assert all(0 <= d["max_err"] <= d["max_bound"] for d in res["per_dtype"].values())
