@@ -4,12 +4,11 @@
 # reports/patches.md, reports/patches.json and reports/patches_ttf.png, one section per
 # target (a run replaces its own target's section).
 #
-#   benchmarks/run_patches.sh                       # impl and vllm: 10 seeds, 60 s (the committed report)
+#   benchmarks/run_patches.sh                       # impl, vllm, nanovllm: 10 seeds, 60 s (the committed report)
 #   TARGETS=impl SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # a CI-sized run
-#   TARGETS=nanovllm benchmarks/run_patches.sh      # once kvspec/corpus/nanovllm exists
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGETS="${TARGETS:-impl vllm}"
+TARGETS="${TARGETS:-impl vllm nanovllm}"
 SEEDS="${SEEDS:-10}"
 TIMEOUT="${TIMEOUT:-60}"
 JOBS="${JOBS:-$(nproc)}"

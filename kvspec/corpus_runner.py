@@ -176,7 +176,13 @@ def run_diff_task(task: dict) -> dict:
         return {"id": task["id"], "diff": {"verdict": "error", "error": f"{type(e).__name__}: {e}"}}
 
 
-def _child(conn, fn_name: str, task: dict) -> None:
+def _child(conn, fn_name: str, task: dict, tmp_root: str) -> None:
+    from .targets import patched
+
+    # Everything this worker writes goes under tmp_root, which the parent removes even
+    # when it has to kill the worker; the patched copies go to a directory of its own.
+    tempfile.tempdir = tmp_root
+    patched.use_own_tmp_dir()
     try:
         res = globals()[fn_name](task)
     except BaseException as e:  # report, never hang the parent
@@ -185,6 +191,7 @@ def _child(conn, fn_name: str, task: dict) -> None:
         conn.send(res)
     finally:
         conn.close()
+        patched.remove_tmp_dir()
 
 
 # -- the pool of worker processes ---------------------------------------------------------
@@ -213,12 +220,13 @@ def run_pool(jobs: list[tuple[str, dict, float]], n_workers: int, on_done=None) 
     pending = list(jobs)
     running: list[_Running] = []
     results: list[dict] = []
+    tmp_root = tempfile.mkdtemp(prefix="kvspec-patches-run-")
     try:
         while pending or running:
             while pending and len(running) < n_workers:
                 fn, task, limit = pending.pop(0)
                 parent, child = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_child, args=(child, fn, task), daemon=True)
+                p = ctx.Process(target=_child, args=(child, fn, task, tmp_root), daemon=True)
                 p.start()
                 child.close()
                 running.append(_Running(p, parent, task, fn, time.monotonic() + limit, limit))
@@ -255,6 +263,8 @@ def run_pool(jobs: list[tuple[str, dict, float]], n_workers: int, on_done=None) 
     finally:
         for r in running:
             r.proc.kill()
+            r.proc.join(timeout=5)
+        shutil.rmtree(tmp_root, ignore_errors=True)
     return results
 
 

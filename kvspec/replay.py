@@ -1,8 +1,7 @@
 """Replay a step list on a fresh allocator: what every repro file calls."""
 from __future__ import annotations
 
-import os
-import tempfile
+import hashlib
 from typing import Optional, Sequence, Union
 
 from .config import Config
@@ -17,9 +16,12 @@ def _target(target: Union[str, Target], patch: Optional[str], patch_text: Option
     if isinstance(target, Target):
         return target
     if patch_text and patch is None:
-        fd, patch = tempfile.mkstemp(suffix=".diff", prefix="kvspec-repro-")
-        with os.fdopen(fd, "w") as f:
-            f.write(patch_text)
+        from .targets.patched import _tmp_dir
+
+        # the per-process directory removed at exit, so repeated replays leave nothing behind
+        path = _tmp_dir() / f"repro-{hashlib.sha1(patch_text.encode()).hexdigest()[:12]}.diff"
+        path.write_text(patch_text)
+        patch = str(path)
     return load_target(target, patch=patch)
 
 

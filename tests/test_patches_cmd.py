@@ -191,3 +191,16 @@ def test_patches_on_the_nanovllm_corpus(tmp_path):
     (row,) = d["patches"]
     assert row["applied"] and row["killed"] == 1.0 and rc == 0, (row, r.stderr[-2000:])
     assert list(json.loads((tmp_path / "patches.json").read_text())["targets"]) == ["nanovllm"]
+
+
+def test_workers_leave_no_temporary_files_even_when_killed(tmp_path, monkeypatch):
+    # Forked workers end in os._exit (no atexit handlers): the patched copies each trial
+    # makes must still go, also for a worker killed at its hard limit.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    task = {"target": "impl", "patch": str(CORPUS / "impl" / "no_evict.diff"), "timeout": 5, "minimal": False}
+    jobs = [("run_trial", dict(task, id="no_evict", seed=0), 60.0),
+            ("run_trial", dict(task, id="no_evict", seed=1, patch=str(CORPUS / "impl" / "popleft_loop.diff")), 1.0)]
+    done = {r["seed"]: r for r in corpus_runner.run_pool(jobs, 2)}
+    assert done[0]["applied"] and done[0]["killed"] and done[0]["invariant"] == "I4"
+    assert done[1].get("timed_out") is True  # an equivalent mutant searched for 5 s, killed after 1 s
+    assert list(tmp_path.iterdir()) == []

@@ -29,6 +29,24 @@ def _tmp_dir() -> Path:
     return _tmp
 
 
+def use_own_tmp_dir() -> None:
+    """In a forked worker: make the next patched copy go to a directory of this
+    process's own (under ``tempfile.tempdir``) instead of the parent's. Forked workers
+    leave through ``os._exit``, which runs no atexit handler, so the worker removes it
+    with ``remove_tmp_dir`` (and its parent removes ``tempfile.tempdir`` in case the
+    worker was killed)."""
+    global _tmp
+    _tmp = None
+
+
+def remove_tmp_dir() -> None:
+    """Remove this process's directory of patched copies now (it is recreated on demand)."""
+    global _tmp
+    if _tmp is not None:
+        shutil.rmtree(_tmp, True)
+        _tmp = None
+
+
 def read_patch(path: str) -> str:
     try:
         return Path(path).read_text()
