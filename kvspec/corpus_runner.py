@@ -86,36 +86,18 @@ def load_corpus(target: str) -> tuple[Path, list[dict]]:
 # -- one trial, in a worker process -------------------------------------------------------
 def shortest_failing(target, config, steps, invariant: str, budget_s: float = MINIMAL_BUDGET_S
                      ) -> tuple[Optional[int], bool]:
-    """(length, proven): the shortest failing sequence with ``invariant`` that a
-    breadth-first search (``kvspec.mc``, its default domains) finds on the pools of the
-    finding's level and block size up to the finding's pool, by iterative deepening:
-    depth 1, 2, ... on every pool, smallest first. ``proven`` is True only when every
-    search of a smaller depth ran to completion without a failure."""
-    from dataclasses import replace
+    """(length, proven): the shortest failing sequence with ``invariant`` that
+    ``kvspec.mc`` (its default domains) finds on the pools of the finding's level and
+    block size up to the finding's pool, by the minimizer's iterative deepening with
+    this runner's budget. ``proven`` is True only when every shallower search ran to
+    completion without a failure."""
+    from .minimize import _smaller_configs, deepening_search
 
-    try:
-        from .enumerate_ops import Bounds
-        from .mc import model_check
-    except ImportError:
-        return None, False
-    lo = 2 if target.traits.null_block else 1
-    pools = [replace(config, num_blocks=n) for n in range(lo, config.num_blocks + 1)]
-    deadline = time.monotonic() + budget_s
-    complete = True
-    for depth in range(1, min(len(steps) - 1, MINIMAL_MAX_DEPTH) + 1):
-        for cfg in pools:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None, False
-            try:
-                r = model_check(target, cfg, depth, Bounds(), time_cap=left, mem_cap_gib=1.0, invariant=invariant)
-            except Exception:
-                complete = False
-                continue
-            if r.verdict == "violation" and r.counterexample is not None:
-                return len(r.counterexample), complete
-            if r.verdict != "pass":
-                complete = False
+    pools = _smaller_configs(config, target.traits.null_block)
+    found, _, complete = deepening_search(target, pools, min(len(steps), MINIMAL_MAX_DEPTH), invariant,
+                                          time.monotonic() + budget_s)
+    if found is not None:
+        return len(found), complete
     return (len(steps), True) if complete else (None, False)
 
 

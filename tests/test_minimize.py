@@ -107,3 +107,37 @@ def test_minimal_repros_fail_the_same_way(bug, cfg, steps, invariant, length):
     assert fails_with(t, cfg, steps, invariant, False)
     out, minimal, small = minimize_finding(t, cfg, steps, invariant)
     assert minimal is True and len(out) == length and fails_with(t, small, out, invariant, False)
+
+
+def test_a_long_cache_level_finding_is_cut_to_a_proven_minimum_on_a_small_pool():
+    # touch_after_alloc needs several requests under LRU pressure; Hypothesis hands over
+    # a long sequence on a large pool. Searching each pool to the full ddmin length
+    # (smallest pool first) used to spend the budget on pools too small for the bug;
+    # iterative deepening must find the shortest, and prove it.
+    from kvspec.mc import model_check
+
+    t = patched("touch_after_alloc")
+    big = Config(level="cache", num_blocks=11, block_size=4)
+    # what kvspec check's ddmin left on seed 0 before the minimizer deepened (14 steps)
+    long = [Admit("r1", (12, 3)), Admit("r2", (11, 12, 13, 14, 21, 22, 23, 24, 21, 22, 23, 24, 3)),
+            Admit("r3", (11, 12, 13, 14, 1, 2, 3, 4, 1, 2, 3, 4, 23)), Admit("r4", (11, 12, 13, 14, 11, 12, 13, 14, 1)),
+            Finish("r2"), Admit("r5", (11, 12, 13, 14, 11, 12, 13, 14, 11, 12, 13, 14, 22)), Finish("r5"),
+            Admit("r6", (13, 14)), Finish("r4"), Admit("r7", (21, 22, 23, 24, 21, 22, 23, 24, 21, 23, 13)),
+            Finish("r7"), Admit("r8", (21, 22, 23, 24, 2, 1)), Finish("r6"),
+            Admit("r9", (21, 22, 23, 24, 21, 22, 23, 24, 21, 22, 23, 24, 1, 4, 14))]
+    out = run_check_like(t, big, long)
+    assert out is not None, "the recorded sequence no longer fails on touch_after_alloc"
+    steps, minimal, cfg = minimize_finding(t, big, long, out)  # the default budget, as kvspec check runs it
+    assert minimal is True and len(steps) < len(long) and cfg.num_blocks <= big.num_blocks
+    assert fails_with(t, cfg, steps, out, False)
+    # proven: no shorter sequence fails on the repro's pool (an independent mc run)
+    r = model_check(t, cfg, len(steps) - 1, invariant=out)
+    assert r.verdict == "pass"
+
+
+def run_check_like(target, cfg, steps):
+    """The invariant the step list fails with at its last step, or None."""
+    from kvspec.session import run_steps
+
+    out = run_steps(target, cfg, steps)
+    return out.invariant if out.failed else None
