@@ -124,8 +124,9 @@ def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, 
 
     bounds_for = bounds_for or (lambda cfg: Bounds())
     complete = True
+    live = list(configs)
     for depth in range(1, max_depth + 1):
-        for cfg in configs:
+        for cfg in list(live):
             left = deadline - time.monotonic()
             if left <= 0:
                 return None, None, False
@@ -133,12 +134,14 @@ def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, 
                 r = model_check(target, cfg, depth, bounds_for(cfg), time_cap=left, mem_cap_gib=1.0,
                                 invariant=invariant)
             except Exception:  # a configuration the target cannot build
-                complete = False
-                continue
-            if r.verdict == "violation" and r.counterexample is not None:
+                r = None
+            if r is not None and r.verdict == "violation" and r.counterexample is not None:
                 return list(r.counterexample), cfg, complete
-            if r.verdict != "pass":
-                return None, None, False  # out of time or memory: deeper searches would be too
+            if r is None or r.verdict != "pass":
+                # unbuildable, or out of memory (or time): deeper searches of it would be
+                # too. The others go on, but nothing found later is proven shortest.
+                complete = False
+                live.remove(cfg)
     return None, None, complete
 
 
