@@ -50,43 +50,10 @@ CLOCK = time.process_time
 BLOCK_SIZE = 16  # vLLM's hash_block_size / block_size for the cache calls (any value: no tokens are hashed)
 
 
-def impl_calls(ops, num_blocks: int):
-    """(pool, [(bound method, args)]) for impl's BlockPool."""
-    from kvspec import impl
-
-    pool = impl.BlockPool(num_blocks, enable_caching=True)
-    blocks = pool.blocks
-    hashes: dict[str, bytes] = {}
-
-    def h(label: str) -> bytes:
-        if label not in hashes:
-            hashes[label] = label_hash(label)
-        return hashes[label]
-
-    calls = []
-    for op in ops:
-        if isinstance(op, Alloc):
-            calls.append((pool.get_new_blocks, (op.n,)))
-        elif isinstance(op, Free):
-            calls.append((pool.free_blocks, ([blocks[i] for i in op.blocks],)))
-        elif isinstance(op, Touch):
-            calls.append((pool.touch, ([blocks[i] for i in op.blocks],)))
-        elif isinstance(op, Cache):
-            bl = [blocks[i] for i in op.blocks]
-            calls.append((pool.cache_full_blocks, (bl, [h(x) for x in op.hashes], 0, len(bl))))
-        elif isinstance(op, Lookup):
-            calls.append((pool.get_cached_block, (h(op.hash),)))
-        else:
-            raise TypeError(op)
-    return pool, calls
-
-
-def vllm_calls(target, ops, num_blocks: int, requests: dict):
-    """(pool, [(bound method, args)]) for vLLM's BlockPool, with upstream's own hashes.
-    ``requests`` keeps the Request built for each cache op across runs (only its
-    ``block_hashes`` are read)."""
-    up = target.up
-    pool = up.block_pool.BlockPool(num_blocks, enable_caching=True, hash_block_size=BLOCK_SIZE)
+def _calls(pool, ops, cache_args, lookup_args) -> list:
+    """[(bound method, args)] for a vLLM-v1-shaped pool: the pools differ only in the
+    arguments of cache_full_blocks (``cache_args(k, blocks, labels)``) and
+    get_cached_block (``lookup_args(label)``)."""
     blocks = pool.blocks
     calls = []
     for k, op in enumerate(ops):
@@ -97,17 +64,45 @@ def vllm_calls(target, ops, num_blocks: int, requests: dict):
         elif isinstance(op, Touch):
             calls.append((pool.touch, ([blocks[i] for i in op.blocks],)))
         elif isinstance(op, Cache):
-            bl = [blocks[i] for i in op.blocks]
-            req = requests.get(k)
-            if req is None:
-                req = requests[k] = up.new_request("bench", [0] * (BLOCK_SIZE * len(bl)))
-                req.block_hashes = [up.label_hash(x, BLOCK_SIZE) for x in op.hashes]
-            calls.append((pool.cache_full_blocks, (req, bl, 0, len(bl), BLOCK_SIZE, 0)))
+            calls.append((pool.cache_full_blocks, cache_args(k, [blocks[i] for i in op.blocks], op.hashes)))
         elif isinstance(op, Lookup):
-            calls.append((pool.get_cached_block, (up.label_hash(op.hash, BLOCK_SIZE), [0])))
+            calls.append((pool.get_cached_block, lookup_args(op.hash)))
         else:
             raise TypeError(op)
-    return pool, calls
+    return calls
+
+
+def impl_calls(ops, num_blocks: int):
+    """(pool, [(bound method, args)]) for impl's BlockPool."""
+    from kvspec import impl
+
+    pool = impl.BlockPool(num_blocks, enable_caching=True)
+    hashes: dict[str, bytes] = {}
+
+    def h(label: str) -> bytes:
+        if label not in hashes:
+            hashes[label] = label_hash(label)
+        return hashes[label]
+
+    return pool, _calls(pool, ops, lambda k, bl, labels: (bl, [h(x) for x in labels], 0, len(bl)),
+                        lambda label: (h(label),))
+
+
+def vllm_calls(target, ops, num_blocks: int, requests: dict):
+    """(pool, [(bound method, args)]) for vLLM's BlockPool, with upstream's own hashes.
+    ``requests`` keeps the Request built for each cache op across runs (only its
+    ``block_hashes`` are read)."""
+    up = target.up
+    pool = up.block_pool.BlockPool(num_blocks, enable_caching=True, hash_block_size=BLOCK_SIZE)
+
+    def cache_args(k, bl, labels):
+        req = requests.get(k)
+        if req is None:
+            req = requests[k] = up.new_request("bench", [0] * (BLOCK_SIZE * len(bl)))
+            req.block_hashes = [up.label_hash(x, BLOCK_SIZE) for x in labels]
+        return (req, bl, 0, len(bl), BLOCK_SIZE, 0)
+
+    return pool, _calls(pool, ops, cache_args, lambda label: (up.label_hash(label, BLOCK_SIZE), [0]))
 
 
 def run_calls(calls) -> float:

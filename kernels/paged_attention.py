@@ -9,6 +9,11 @@ size (``BLOCK_N``) and the block size are independent.
 With more than one split, each program stores an unnormalised partial result
 (running max ``m``, denominator ``l``, accumulator ``acc``) and ``_merge_kernel``
 combines the splits with a log-sum-exp merge.
+
+With a sliding window, a program's key range starts at the first key its earliest
+query may see, and the splits divide that range, not the whole context: keys (and so
+blocks) before it are never loaded, which is what lets an allocator hand those
+blocks back and leave the null block in their table entries.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ def _dot(a, b, FP32: tl.constexpr):
 def _attn_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, cu_q_ptr,
     out_ptr, m_ptr, l_ptr, acc_ptr,
-    scale, softcap,
+    scale, softcap, window,
     num_q_heads, head_dim, block_size, split_len, total_q,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh,
@@ -58,7 +63,7 @@ def _attn_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr, VARLEN: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    FP32_DOT: tl.constexpr,
+    USE_WINDOW: tl.constexpr, FP32_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -92,7 +97,10 @@ def _attn_kernel(
 
     # This program's context range: its split, cut at the last key any row may see.
     kv_end = tl.minimum(seq_len, seq_len - q_len + tl.minimum(q_start + BLOCK_Q, q_len))
-    lo = split * split_len
+    kv_start = 0
+    if USE_WINDOW:  # the first key the tile's earliest query sees; nothing before it is loaded
+        kv_start = tl.maximum(seq_len - q_len + q_start - window + 1, 0)
+    lo = kv_start + split * split_len
     hi = tl.minimum(lo + split_len, kv_end)
     n_pages = (seq_len + block_size - 1) // block_size
 
@@ -119,6 +127,8 @@ def _attn_kernel(
             th = (1.0 - t) / (1.0 + t)
             s = softcap * tl.where(s < 0, -th, th)
         visible = kv_ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+        if USE_WINDOW:  # q_pos - window < kv_pos: the window most recent positions, the query's own included
+            visible = visible & (kv_pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -204,7 +214,8 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, tile_n: int, on_gpu: bool) -> int:
     """Split the context only when there are too few (sequence, head) programs to fill
-    the machine; each split keeps at least _SPLIT_TOKENS tokens."""
+    the machine; each split keeps at least _SPLIT_TOKENS tokens. ``max_len`` is the
+    most keys one program can see (with a sliding window, at most the window)."""
     most = max(1, triton.cdiv(max_len, max(_SPLIT_TOKENS, tile_n)))
     if on_gpu:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -217,15 +228,31 @@ def _num_splits(num_seqs: int, num_kv_heads: int, max_len: int, tile_n: int, on_
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_lens: torch.Tensor, *, cu_seqlens_q: Optional[torch.Tensor] = None,
                     scale: Optional[float] = None, softcap: Optional[float] = None,
+                    sliding_window: Optional[int] = None,
                     num_splits: Optional[int] = None, tile_n: Optional[int] = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of ``q`` over the paged K/V cache (contract: DESIGN.md, "Kernels").
+
+    ``sliding_window``: ``None`` (the default) attends to the whole causal context. An
+    int ``W >= 1`` lets a query at absolute position ``p`` attend to the key positions
+    ``k`` with ``p - W < k <= p``: the ``W`` most recent positions, its own included
+    (``W = 1`` sees only itself; ``W >= seq_len`` is the same as no window). This is
+    vLLM's convention: its attention backends turn ``sliding_window`` into the
+    FlashAttention window ``(sliding_window - 1, 0)`` for decoder attention, i.e.
+    ``0 <= p - k <= W - 1`` (vllm/v1/attention/backends/triton_attn.py and
+    flash_attn.py; the unified Triton kernel masks ``p - k < SLIDING_WINDOW`` with
+    ``SLIDING_WINDOW = 1 + window_size[0]``). Table entries of blocks that hold no
+    key the sequence's earliest query (in this call) can see are never read, nor are
+    the K/V slots of such keys, so an allocator may point them at a null block.
 
     ``num_splits``, ``tile_n`` and ``out`` are tuning and testing knobs beyond the
     contract: force the split-KV path, set the key tile width, and write into a given
     (e.g. NaN-poisoned) output tensor.
     """
     _check_inputs(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    if sliding_window is not None and (isinstance(sliding_window, bool) or int(sliding_window) != sliding_window
+                                       or sliding_window < 1):
+        raise ValueError(f"paged_attention: sliding_window must be None or an int >= 1; got {sliding_window!r}")
     num_seqs = seq_lens.shape[0]
     total_q, hq, dim = q.shape
     _, block_size, hkv, _ = k_cache.shape
@@ -265,10 +292,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError("paged_attention: tile_n must be a power of two >= 16")
     block_d = max(16, triton.next_power_of_2(dim))
+    # The most keys one program covers: the whole context, or with a window the keys
+    # its query tile can see (positions span block_q - 1, plus the window).
+    span = max_len if sliding_window is None else min(max_len, int(sliding_window) + block_q - 1)
     if num_splits is None:
-        num_splits = _num_splits(num_seqs, hkv, max_len, block_n, on_gpu) if cu_seqlens_q is None else 1
+        num_splits = _num_splits(num_seqs, hkv, span, block_n, on_gpu) if cu_seqlens_q is None else 1
     num_splits = max(1, int(num_splits))
-    split_len = triton.cdiv(triton.cdiv(max(max_len, 1), num_splits), block_n) * block_n  # tile-aligned
+    split_len = triton.cdiv(triton.cdiv(max(span, 1), num_splits), block_n) * block_n  # tile-aligned
     q_tiles = triton.cdiv(max(q_lens), block_q) if max(q_lens) else 1
 
     if num_splits > 1:
@@ -281,7 +311,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     _attn_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q if cu_seqlens_q is not None else seq_lens,
         out, m_buf, l_buf, acc_buf,
-        float(scale if scale is not None else dim ** -0.5), float(softcap or 0.0),
+        float(scale if scale is not None else dim ** -0.5), float(softcap or 0.0), int(sliding_window or 0),
         hq, dim, block_size, split_len, total_q,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -290,6 +320,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
         NUM_SPLITS=num_splits, VARLEN=cu_seqlens_q is not None, USE_SOFTCAP=bool(softcap),
+        USE_WINDOW=sliding_window is not None,
         FP32_DOT=q.dtype == torch.float32 or not on_gpu,
         num_warps=8 if big else 4, num_stages=2 if big else 3,
     )
