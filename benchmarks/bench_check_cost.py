@@ -41,9 +41,9 @@ from pathlib import Path
 # root on sys.path would also expose its top-level `kernels/` folder as a package named
 # `kernels`, which transformers (imported by vLLM) probes for and would import.
 
-from kvspec.bench import build_trace  # noqa: E402
-from kvspec.config import Config  # noqa: E402
-from kvspec.session import Session  # noqa: E402
+from kvspec.targets.bench import build_trace  # noqa: E402
+from kvspec.spec.config import Config  # noqa: E402
+from kvspec.check.session import Session  # noqa: E402
 from kvspec.targets import load_target  # noqa: E402
 
 SIZES = (8, 64, 1024, 16384)
@@ -177,7 +177,7 @@ def main() -> int:
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     if a.figure:
-        from kvspec.figures import check_cost_vs_pool_size
+        from kvspec.report.figures import check_cost_vs_pool_size
         check_cost_vs_pool_size(rows, a.figure)
     if a.json:
         print(json.dumps(res))

@@ -157,7 +157,7 @@ def run_benchmark(out_dir: Path | str = ROOT / "reports", quick: bool = False) -
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(res, indent=2) + "\n")
     try:
-        from kvspec.figures import bandwidth_vs_context
+        from kvspec.report.figures import bandwidth_vs_context
 
         bandwidth_vs_context(res["bandwidth_vs_context"], out / "kernels_bandwidth.png",
                              title=f"paged decode, bf16, batch 64, 32/8 heads, d 128, bs 16 ({res['device']})",

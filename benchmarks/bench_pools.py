@@ -2,10 +2,10 @@
 
     python benchmarks/bench_pools.py [--ops 200000] [--runs 15] [--seed 0] [--json]
 
-The trace is ``kvspec.bench``'s fixed-seed mixed pool-level trace (allocate 1-8 and
+The trace is ``kvspec.targets.bench``'s fixed-seed mixed pool-level trace (allocate 1-8 and
 cache the request's full blocks, free a request tail first, look up a recent hash
 and touch the hit; prefix caching on; about 75% of 1,023 usable blocks held). It is
-resolved on each target (``kvspec.bench.build_trace``); the two resolutions must be
+resolved on each target (``kvspec.targets.bench.build_trace``); the two resolutions must be
 the same op list, or the comparison stops.
 
 Two measurements, both interleaved (impl, vllm, vllm, impl, ...: each round swaps
@@ -40,10 +40,11 @@ from pathlib import Path
 # root on sys.path would also expose its top-level `kernels/` folder as a package named
 # `kernels`, which transformers (imported by vLLM) probes for and would import.
 
-from kvspec.bench import BENCH_BLOCKS, build_trace, time_trace  # noqa: E402
-from kvspec.ops import Alloc, Cache, Free, Lookup, Touch  # noqa: E402
+from kvspec.targets.bench import BENCH_BLOCKS, build_trace, time_trace  # noqa: E402
+from kvspec.spec.ops import Alloc, Cache, Free, Lookup, Touch  # noqa: E402
 from kvspec.targets import load_target  # noqa: E402
-from kvspec.targets.impl_target import label_hash, observe_pool  # noqa: E402
+from kvspec.targets.impl_target import label_hash  # noqa: E402
+from kvspec.targets.v1_driver import observe_pool  # noqa: E402
 
 # CPU time of this process: on a shared machine wall-clock time counts other processes' work.
 CLOCK = time.process_time

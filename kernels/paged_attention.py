@@ -293,8 +293,9 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise ValueError("paged_attention: tile_n must be a power of two >= 16")
     block_d = max(16, triton.next_power_of_2(dim))
     # The most keys one program covers: the whole context, or with a window the keys
-    # its query tile can see (positions span block_q - 1, plus the window).
-    span = max_len if sliding_window is None else min(max_len, int(sliding_window) + block_q - 1)
+    # its query tile can see (its query positions span tile_q - 1, plus the window).
+    tile_q = max(1, min(block_q, max(q_lens)))
+    span = max_len if sliding_window is None else min(max_len, int(sliding_window) + tile_q - 1)
     if num_splits is None:
         num_splits = _num_splits(num_seqs, hkv, span, block_n, on_gpu) if cu_seqlens_q is None else 1
     num_splits = max(1, int(num_splits))

@@ -6,18 +6,13 @@ line on stderr, never a traceback).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import sys
 from typing import Optional, Sequence
 
-from .patching import PatchError
-from .targets.base import TargetError
+from kvspec.errors import KvspecError, UsageError
 
 
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,56 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _emit(obj: dict, as_json: bool, text: str) -> None:
-    if as_json:
-        print(json.dumps(obj, default=str))
-    else:
-        print(text)
-
-
-def cmd_check(a: argparse.Namespace) -> int:
-    from .checker import run_check
-    from .report_text import check_text
-    from .targets.patched import read_patch
-    from .targets.registry import load_target
-
-    if a.budget <= 0:
-        raise UsageError("kvspec check: --budget must be positive")
-    target = load_target(a.target, patch=a.patch, api=a.api)
-    patch_text = read_patch(a.patch) if a.patch else None
-    report_dir = a.report_dir or os.path.join("reports", "repros")
-    command = "kvspec " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["check"] else ""
-    report = run_check(target, a.target, patch=a.patch, patch_text=patch_text, level=a.level, misuse=a.misuse,
-                       seed=a.seed, budget=a.budget, report_dir=report_dir,
-                       progress=sys.stderr.isatty() and not a.json, command=command)
-    if a.report_dir:
-        from .report_files import write_check_reports
-        write_check_reports(report, a.report_dir)
-    _emit(report.to_dict(), a.json, check_text(report))
-    return 1 if report.violations else 0
-
-
 def _dispatch(a: argparse.Namespace) -> int:
     if a.command == "check":
+        from kvspec.check.command import cmd_check
         return cmd_check(a)
     if a.command == "mc":
-        from .mc_cli import cmd_mc
+        from kvspec.mc.command import cmd_mc
         return cmd_mc(a)
     if a.command == "patches":
-        from .corpus_runner import cmd_patches
+        from kvspec.corpus.command import cmd_patches
         return cmd_patches(a)
     if a.command == "kernels":
-        from .kernel_sweep import run_sweep, sweep_text
-        if a.cases is not None and a.cases < 1:
-            raise UsageError("kvspec kernels: --cases must be at least 1")
-        res = run_sweep(device=a.device, seed=a.seed, count=a.cases)
-        _emit(res, a.json, sweep_text(res))
-        return 1 if res.get("failures") else 0
+        from kvspec.kernels.sweep import cmd_kernels
+        return cmd_kernels(a)
     if a.command == "bench":
-        from .bench import cmd_bench
+        from kvspec.targets.bench import cmd_bench
         return cmd_bench(a)
     if a.command == "diff":
-        from .crosshair_diff import cmd_diff
+        from kvspec.check.crosshair import cmd_diff
         return cmd_diff(a)
     raise UsageError("kvspec: choose a command: check, mc, patches, kernels, bench, diff (see kvspec --help)")
 
@@ -140,7 +103,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return _dispatch(args)
-    except (UsageError, TargetError, PatchError) as e:
+    except KvspecError as e:
         print(f"kvspec: error: {e}" if not str(e).startswith("kvspec") else str(e), file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -13,8 +13,7 @@ from typing import Callable
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-class PatchError(Exception):
-    """A diff that cannot be parsed or does not apply; the message is one line."""
+from kvspec.errors import PatchError  # noqa: F401  (re-exported: raised here)
 
 
 @dataclass

@@ -20,7 +20,7 @@ Two ways in:
 Both run the same Hypothesis machines ``kvspec check`` runs, with every invariant
 checked after every step. A failure is cut down (ddmin, then a bounded shortest-path
 search, as ``kvspec check`` does), written as a standalone repro file
-(``kvspec.repro.write_repro``), and reported with the invariant id, the steps and
+(``kvspec.check.repro.write_repro``), and reported with the invariant id, the steps and
 the repro's path.
 
 Hypothesis settings profiles (registered here and nowhere else)
@@ -77,7 +77,7 @@ MINIMIZE_BUDGET = {"ci": (5.0, 4.0), "dev": (5.0, 4.0), "deep": (20.0, 30.0)}
 def _common() -> dict[str, Any]:
     from hypothesis import HealthCheck, Phase, Verbosity
 
-    # Generation and replay only: a failure is cut down by kvspec.minimize (what
+    # Generation and replay only: a failure is cut down by kvspec.check.minimize (what
     # ``kvspec check`` does), which finds shorter sequences than shrinking, sooner.
     return dict(deadline=None, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
                 phases=(Phase.explicit, Phase.reuse, Phase.generate), verbosity=Verbosity.quiet, print_blob=False)
@@ -169,7 +169,7 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
     from hypothesis.errors import Flaky
     from hypothesis.stateful import get_state_machine_test
 
-    from .stateful import InvariantViolation, cache_machine, pool_machine
+    from kvspec.stateful import InvariantViolation, cache_machine, pool_machine
 
     opts = options or _ACTIVE
     profile = choose_profile(opts.profile)
@@ -213,10 +213,10 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
 
 def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: RunOptions, command: str,
              patch: Optional[str]) -> KvspecFailure:
-    from .invariants import title
-    from .minimize import minimize_finding
-    from .repro import write_repro
-    from .session import run_steps
+    from kvspec.spec.invariants import title
+    from kvspec.check.minimize import minimize_finding
+    from kvspec.check.repro import write_repro
+    from kvspec.check.session import run_steps
 
     steps, config, violations = list(e.steps), e.config, e.violations
     invariant = violations[0].invariant
@@ -236,7 +236,7 @@ def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: Run
     try:
         patch_text = None
         if patch:
-            from .targets.patched import read_patch
+            from kvspec.targets.patched import read_patch
             patch_text = read_patch(patch)
         repro = str(write_repro(Path(opts.repro_dir), spec, target, config, steps, invariant, v.message,
                                 patch_text=patch_text, patch_name=patch, command=command, minimal=minimal))
@@ -374,7 +374,7 @@ class KvspecTargetCollector(pytest.Collector):
         self.target = None
 
     def collect(self):
-        from .targets import load_target
+        from kvspec.targets import load_target
 
         self.target = load_target(self.spec, patch=_ACTIVE.patch, api=_ACTIVE.api)
         levels = levels_to_run(self.target, _ACTIVE.level)
@@ -384,7 +384,7 @@ class KvspecTargetCollector(pytest.Collector):
         return [KvspecMachineItem.from_parent(self, name=lv, level=lv) for lv in levels]
 
     def repr_failure(self, excinfo):
-        from .targets.base import TargetError
+        from kvspec.targets.base import TargetError
 
         if isinstance(excinfo.value, (TargetError, _NoLevels)):
             msg = str(excinfo.value)

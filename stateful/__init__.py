@@ -18,9 +18,9 @@ import re
 import unittest
 from typing import Any, Optional
 
-from .base import InvariantViolation, KVMachine, violation_error
-from .cache import CacheMachine, cache_machine
-from .pool import PoolMachine, pool_machine
+from kvspec.stateful.base import InvariantViolation, KVMachine, violation_error
+from kvspec.stateful.cache import CacheMachine, cache_machine
+from kvspec.stateful.pool import PoolMachine, pool_machine
 
 __all__ = ["InvariantViolation", "KVMachine", "violation_error", "PoolMachine", "CacheMachine",
            "pool_machine", "cache_machine", "machines_for"]

@@ -7,11 +7,11 @@ from typing import Callable, Optional
 
 from hypothesis.stateful import RuleBasedStateMachine
 
-from kvspec.config import Config
-from kvspec.ops import Op
-from kvspec.session import Session
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Op
+from kvspec.check.session import Session
 from kvspec.targets.base import Target
-from kvspec.violation import Violation
+from kvspec.spec.violation import Violation
 
 
 class InvariantViolation(AssertionError):

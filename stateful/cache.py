@@ -12,11 +12,11 @@ from typing import Optional
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from kvspec.config import Config
-from kvspec.ops import Admit, Finish, Preempt, Step
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Admit, Finish, Preempt, Step
 from kvspec.targets.base import Target
 
-from .base import KVMachine, RobustnessSink
+from kvspec.stateful.base import KVMachine, RobustnessSink
 
 MAX_LIVE = 4   # requests alive at once
 NUM_CHUNKS = 3

@@ -7,11 +7,11 @@ from typing import Optional
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
-from kvspec.config import Config
-from kvspec.ops import Alloc, Cache, CachePartial, Free, FreeForeign, Lookup, Reset, Touch
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Alloc, Cache, CachePartial, Free, FreeForeign, Lookup, Reset, Touch
 from kvspec.targets.base import Target
 
-from .base import KVMachine, RobustnessSink
+from kvspec.stateful.base import KVMachine, RobustnessSink
 
 LABELS = ("a", "b", "c", "d", "e")  # few labels, so equal hashes on different blocks happen
 

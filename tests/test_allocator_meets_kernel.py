@@ -26,7 +26,7 @@ kernels = pytest.importorskip("kvspec.kernels", reason="kvspec.kernels (Triton) 
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from kvspec.ops import Admit  # noqa: E402
+from kvspec.spec.ops import Admit  # noqa: E402
 from kvspec.stateful.cache import CacheMachine  # noqa: E402
 from kvspec.targets import load_target  # noqa: E402
 

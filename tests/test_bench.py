@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from kvspec.bench import BENCH_BLOCKS, OCCUPANCY, bench, build_trace, plan_trace
+from kvspec.targets.bench import BENCH_BLOCKS, OCCUPANCY, bench, build_trace, plan_trace
 from kvspec.cli import main
-from kvspec.config import Config
-from kvspec.model import PoolModel
-from kvspec.session import run_steps
+from kvspec.spec.config import Config
+from kvspec.spec.model import PoolModel
+from kvspec.check.session import run_steps
 from kvspec.targets import load_target
 from kvspec.targets.base import Traits
 

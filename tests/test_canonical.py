@@ -1,12 +1,12 @@
-"""State keys (kvspec.canonical): symmetric states collapse, asymmetric ones do not."""
+"""State keys (kvspec.mc.canonical): symmetric states collapse, asymmetric ones do not."""
 from dataclasses import replace
 
 import pytest
 
-from kvspec.canonical import compact, pool_key, state_key
-from kvspec.config import Config
-from kvspec.ops import Admit, Alloc, Cache, Free, Lookup, Reset, Step, Touch
-from kvspec.session import Session
+from kvspec.mc.canonical import compact, pool_key, state_key
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Admit, Alloc, Cache, Free, Lookup, Reset, Step, Touch
+from kvspec.check.session import Session
 from kvspec.targets import load_target
 
 POOL = Config(level="pool", num_blocks=6)
@@ -136,7 +136,7 @@ def _raw(s):
 def _renamed(raw, pb, pl):
     """``raw`` with blocks renamed by ``pb`` and labels by ``pl`` (target hashes follow their label)."""
     from kvspec.targets.impl_target import label_hash
-    from kvspec.observation import BlockState
+    from kvspec.spec.observation import BlockState
 
     ph = {label_hash(a): label_hash(b) for a, b in pl.items()}
     ref, hsh, queue, index, ob, oq, oi, fc, t2k = raw
@@ -167,7 +167,7 @@ def test_equal_keys_only_for_isomorphic_states(impl):
     reduction) on a three-block pool, states with equal keys are images of each other
     under some renaming of blocks and labels, history and observation included. And
     the key is complete here: isomorphic states get equal keys."""
-    from kvspec.enumerate_ops import Bounds, enabled_pool_ops
+    from kvspec.mc.enumerate_ops import Bounds, enabled_pool_ops
 
     cfg = Config(level="pool", num_blocks=4)
     labels = ("a", "b")

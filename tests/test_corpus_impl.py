@@ -53,7 +53,7 @@ def test_diff_applies_to_current_impl(bug):
 
 
 def _check(bug_id: str) -> dict:
-    from kvspec.checker import run_check
+    from kvspec.check.search import run_check
     from kvspec.targets import load_target
 
     bug = next(b for b in BUGS if b["id"] == bug_id)

@@ -2,7 +2,7 @@
 (``crosshair check`` exits 0 within a bounded time per condition), a broken contract
 is found, and ``kvspec diff`` tells a patched helper from the original.
 
-CrossHair runs through ``python -m kvspec.crosshair_diff`` (the ``crosshair`` CLI
+CrossHair runs through ``python -m kvspec.check.crosshair`` (the ``crosshair`` CLI
 with a shim for the editable install's namespace package; see that module)."""
 import difflib
 import json
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.crosshair_diff import changed_functions, crosshair_command
+from kvspec.check.crosshair import changed_functions, crosshair_command
 from kvspec.patching import apply_unified_diff
 
 ROOT = Path(__file__).resolve().parents[1]

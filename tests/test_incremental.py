@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings, strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvspec.config import Config
-from kvspec.observation import HEAD, TAIL, splice_walk
-from kvspec.session import Session
+from kvspec.spec.config import Config
+from kvspec.spec.observation import HEAD, TAIL, splice_walk
+from kvspec.check.session import Session
 from kvspec.stateful import cache_machine, pool_machine
 from kvspec.targets import load_target
 
@@ -101,7 +101,7 @@ def test_sessions_stay_apart_from_the_full_path_only_where_they_must():
     """A long clean run goes the incremental way; a violation goes the full way, and the
     session resumes incremental checking afterwards."""
     target = load_target("impl", patch=str(CORPUS / "no_evict.diff"))
-    from kvspec.ops import Alloc, Cache, Free, Touch
+    from kvspec.spec.ops import Alloc, Cache, Free, Touch
 
     s = Session(target, Config(level="pool", num_blocks=6), incremental=True)
     ops = [Alloc(2), Cache((1, 2), ("a", "b")), Free((2, 1))]

@@ -1,6 +1,6 @@
 """KVCacheManager semantics the spec relies on, on concrete scenarios."""
 from kvspec import impl
-from kvspec.targets.impl_target import observe_pool
+from kvspec.targets.v1_driver import observe_pool
 
 
 def admit(m, rid, prompt):

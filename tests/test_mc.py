@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from kvspec.cli import main
-from kvspec.config import Config
-from kvspec.enumerate_ops import Bounds, enabled_ops
-from kvspec.mc import confirm, model_check
-from kvspec.ops import Alloc, Cache, Free, Touch
-from kvspec.session import Session, run_steps
+from kvspec.spec.config import Config
+from kvspec.mc.enumerate_ops import Bounds, enabled_ops
+from kvspec.mc.search import confirm, model_check
+from kvspec.spec.ops import Alloc, Cache, Free, Touch
+from kvspec.check.session import Session, run_steps
 from kvspec.targets import load_target
 
 CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "impl"
@@ -148,8 +148,8 @@ def test_compact_fork_finds_what_pickle_finds(bug):
 def test_in_place_restore_puts_back_every_object(impl):
     """restore() writes the saved values back into the same objects; later steps do not
     leak into the snapshot, and a state it cannot save exactly gives None."""
-    from kvspec.ops import Admit, Finish, Step
-    from kvspec.targets.impl_target import GraphSnapshot
+    from kvspec.spec.ops import Admit, Finish, Step
+    from kvspec.targets.snapshot import GraphSnapshot
 
     for cfg, steps, more in [(pool(4), [Alloc(3), Cache((1, 2), ("a", "b")), Free((2, 1))],
                               [Alloc(4), Touch((3,)), Free((1, 2, 3))]),
@@ -192,7 +192,7 @@ def test_observations_are_unchanged_by_the_fast_constructors(impl):
     the objects must equal (and hash like) the constructors' own."""
     from dataclasses import fields
 
-    from kvspec.observation import BlockState, Observation
+    from kvspec.spec.observation import BlockState, Observation
 
     s = Session(impl, pool(3))
     s.apply(Alloc(2))

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.checker import run_check
-from kvspec.config import Config
-from kvspec.enumerate_ops import Bounds
-from kvspec.mc import confirm, model_check
-from kvspec.repro import write_repro
+from kvspec.check.search import run_check
+from kvspec.spec.config import Config
+from kvspec.mc.enumerate_ops import Bounds
+from kvspec.mc.search import confirm, model_check
+from kvspec.check.repro import write_repro
 from kvspec.targets import load_target
 
 CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "impl"

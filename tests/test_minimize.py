@@ -1,11 +1,11 @@
-"""kvspec.minimize: ddmin, canonical names, and the bounded BFS that proves minimality."""
+"""kvspec.check.minimize: ddmin, canonical names, and the bounded BFS that proves minimality."""
 from pathlib import Path
 
 import pytest
 
-from kvspec.config import Config
-from kvspec.minimize import ddmin, fails_with, minimize, minimize_finding, rename
-from kvspec.ops import Admit, Alloc, Cache, Finish, Free, Lookup, Preempt, Step, Touch
+from kvspec.spec.config import Config
+from kvspec.check.minimize import ddmin, fails_with, minimize, minimize_finding, rename
+from kvspec.spec.ops import Admit, Alloc, Cache, Finish, Free, Lookup, Preempt, Step, Touch
 from kvspec.targets import load_target
 
 CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "impl"
@@ -114,7 +114,7 @@ def test_a_long_cache_level_finding_is_cut_to_a_proven_minimum_on_a_small_pool()
     # a long sequence on a large pool. Searching each pool to the full ddmin length
     # (smallest pool first) used to spend the budget on pools too small for the bug;
     # iterative deepening must find the shortest, and prove it.
-    from kvspec.mc import model_check
+    from kvspec.mc.search import model_check
 
     t = patched("touch_after_alloc")
     big = Config(level="cache", num_blocks=11, block_size=4)
@@ -137,7 +137,7 @@ def test_a_long_cache_level_finding_is_cut_to_a_proven_minimum_on_a_small_pool()
 
 def run_check_like(target, cfg, steps):
     """The invariant the step list fails with at its last step, or None."""
-    from kvspec.session import run_steps
+    from kvspec.check.session import run_steps
 
     out = run_steps(target, cfg, steps)
     return out.invariant if out.failed else None

@@ -2,7 +2,7 @@
 import pytest
 
 from kvspec import impl
-from kvspec.targets.impl_target import observe_pool
+from kvspec.targets.v1_driver import observe_pool
 
 
 def pool_with_state():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec import corpus_runner
+from kvspec.corpus import command, report, runner, stats
 from kvspec.cli import main
 
 CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus"
@@ -68,7 +68,7 @@ def test_a_killed_equivalent_mutant_fails_the_run(capsys, tmp_path, monkeypatch)
     (fake / "bugs.json").write_text(json.dumps([{"id": "mislabelled", "title": "t", "file": "mislabelled.diff",
                                                  "upstream": None, "level": "pool", "invariants": [],
                                                  "kind": "equivalent", "note": ""}]))
-    monkeypatch.setattr(corpus_runner, "CORPUS_ROOT", tmp_path / "corpus")
+    monkeypatch.setattr(runner, "CORPUS_ROOT", tmp_path / "corpus")
     rc, out = run(["patches", "--seeds", "1", "--timeout", "5", "--json", "--report-dir", str(tmp_path / "r")], capsys)
     d = json.loads(out.out)
     assert rc == 1 and d["verdict"] == "fail"
@@ -82,7 +82,7 @@ def test_a_patch_that_does_not_apply_is_not_killed(capsys, tmp_path, monkeypatch
                                      "-no such line\n+x\n")
     (fake / "bugs.json").write_text(json.dumps([{"id": "stale", "title": "t", "file": "stale.diff", "upstream": None,
                                                  "level": "pool", "invariants": ["I1"], "kind": "safety", "note": ""}]))
-    monkeypatch.setattr(corpus_runner, "CORPUS_ROOT", tmp_path / "corpus")
+    monkeypatch.setattr(runner, "CORPUS_ROOT", tmp_path / "corpus")
     rc, out = run(["patches", "--seeds", "1", "--timeout", "5", "--json", "--report-dir", str(tmp_path / "r")], capsys)
     d = json.loads(out.out)
     assert rc == 1
@@ -133,16 +133,16 @@ def _synthetic_run(target: str, ttf: float) -> dict:
     trials += [{"id": "e1", "seed": s, "applied": True, "killed": False, "invariant": None, "also": [],
                 "seconds_to_failure": None, "repro_steps": None, "minimal_steps": None, "minimal_proven": False,
                 "error": None} for s in range(2)]
-    res = corpus_runner.summarize(target, bugs, trials, {}, {"seeds": 2, "timeout": 5.0, "jobs": 1}, 1.0)
+    res = stats.summarize(target, bugs, trials, {}, {"seeds": 2, "timeout": 5.0, "jobs": 1}, 1.0)
     res["command"] = f"kvspec patches --target {target} --seeds 2 --timeout 5"
     return res
 
 
 def test_reports_keep_one_section_per_target_and_rerender(tmp_path):
     a = _synthetic_run("vllm", 0.5)
-    corpus_runner.write_reports(a, str(tmp_path))
-    corpus_runner.write_reports(_synthetic_run("impl", 0.01), str(tmp_path))
-    corpus_runner.write_reports(_synthetic_run("impl", 0.02), str(tmp_path))  # replaces impl's section only
+    report.write_reports(a, str(tmp_path))
+    report.write_reports(_synthetic_run("impl", 0.01), str(tmp_path))
+    report.write_reports(_synthetic_run("impl", 0.02), str(tmp_path))  # replaces impl's section only
     doc = json.loads((tmp_path / "patches.json").read_text())
     assert list(doc["targets"]) == ["impl", "vllm"]
     assert doc["targets"]["impl"]["trials"][0]["seconds_to_failure"] == 0.02
@@ -154,14 +154,14 @@ def test_reports_keep_one_section_per_target_and_rerender(tmp_path):
     assert s["median_repro_over_minimal"] == 1.5 and s["solve_rate"] == 1.0
     (tmp_path / "patches.md").unlink()
     (tmp_path / "patches_ttf.png").unlink()
-    assert corpus_runner.main(["--render", str(tmp_path)]) == 0
+    assert command.main(["--render", str(tmp_path)]) == 0
     assert (tmp_path / "patches.md").read_text() == md and (tmp_path / "patches_ttf.png").is_file()
 
 
 def test_a_target_without_a_corpus_is_a_one_line_usage_error(capsys, tmp_path, monkeypatch):
     (tmp_path / "corpus" / "impl").mkdir(parents=True)
     (tmp_path / "corpus" / "impl" / "bugs.json").write_text("[]")
-    monkeypatch.setattr(corpus_runner, "CORPUS_ROOT", tmp_path / "corpus")
+    monkeypatch.setattr(runner, "CORPUS_ROOT", tmp_path / "corpus")
     rc, out = run(["patches", "--target", "nanovllm", "--seeds", "1"], capsys)
     assert rc == 2 and out.out == ""
     (line,) = out.err.strip().splitlines()
@@ -191,7 +191,7 @@ def test_workers_leave_no_temporary_files_even_when_killed(tmp_path, monkeypatch
     task = {"target": "impl", "patch": str(CORPUS / "impl" / "no_evict.diff"), "timeout": 5, "minimal": False}
     jobs = [("run_trial", dict(task, id="no_evict", seed=0), 60.0),
             ("run_trial", dict(task, id="popleft_loop", seed=1, patch=str(CORPUS / "impl" / "popleft_loop.diff")), 1.0)]
-    done = {r["seed"]: r for r in corpus_runner.run_pool(jobs, 2)}
+    done = {r["seed"]: r for r in runner.run_pool(jobs, 2)}
     assert done[0]["applied"] and done[0]["killed"] and done[0]["invariant"] == "I4"
     assert done[1].get("timed_out") is True  # an equivalent mutant searched for 5 s, killed after 1 s
     assert list(tmp_path.iterdir()) == []

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.checker import CheckReport, Finding, run_check
+from kvspec.check.search import CheckReport, Finding, run_check
 from kvspec.cli import main
-from kvspec.config import Config
-from kvspec.ops import Admit, Alloc, Free, Step
-from kvspec.report_files import JSON_NAME, JUNIT_NAME, MD_NAME, write_check_reports
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Admit, Alloc, Free, Step
+from kvspec.report.files import JSON_NAME, JUNIT_NAME, MD_NAME, write_check_reports
 from kvspec.targets import load_target
-from kvspec.violation import Violation
+from kvspec.spec.violation import Violation
 
 CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "impl"
 
@@ -129,13 +129,13 @@ def test_cache_level_view_shows_request_tables(tmp_path):
     assert "| 2 | `Step(req='r1', token=4)` | True | True |" in md
 
 
-# -- figures (kvspec.figures): what the reports link --------------------------------------------
+# -- figures (kvspec.report.figures): what the reports link --------------------------------------------
 def _is_png(path: Path) -> bool:
     return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 2000
 
 
 def test_figures_write_pngs(tmp_path):
-    from kvspec import figures
+    from kvspec.report import figures
 
     mc_rows = [{"level": "pool", "blocks": 5, "depth": d, "states_per_second": 2000 / d, "transitions_per_second": 15000}
                for d in (5, 6, 7)] + [{"level": "cache", "blocks": 4, "depth": 6, "states_per_second": 4000}]

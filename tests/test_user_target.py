@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.checker import run_check
+from kvspec.check.search import run_check
 from kvspec.cli import main
-from kvspec.config import Config
-from kvspec.ops import Admit, Finish, Step
-from kvspec.session import Session
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Admit, Finish, Step
+from kvspec.check.session import Session
 from kvspec.targets import nano_sequence
 from kvspec.targets.base import TargetError
 from kvspec.targets.nanovllm_target import BOOLEAN, COUNTED, NanoTarget

@@ -2,7 +2,7 @@
 
 A ``Target`` knows how to build a fresh allocator for a ``Config`` and level and
 returns a ``Driver`` for it. The driver translates kvspec's operation vocabulary
-(``kvspec.ops``) into the allocator's API and its internals into one
+(``kvspec.spec.ops``) into the allocator's API and its internals into one
 ``Observation``. Everything above this layer is target-independent.
 """
 from __future__ import annotations
@@ -11,13 +11,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config
-from ..observation import Observation
-from ..ops import Alloc, Cache, CachePartial, Free, FreeForeign, Lookup, Op, Reset, Touch
+from kvspec.spec.config import Config
+from kvspec.spec.observation import Observation
+from kvspec.spec.ops import Op
 
 
-class TargetError(Exception):
-    """A target that cannot be loaded or driven: a usage error (exit code 2)."""
+from kvspec.errors import TargetError  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -65,48 +64,6 @@ class Driver(ABC):
     @abstractmethod
     def observe(self) -> Observation:
         """The normalized state, read from the allocator's internals."""
-
-
-class V1PoolDriver(Driver):
-    """Pool-level driver for a vLLM-v1-shaped ``BlockPool`` (``self.pool``, with
-    ``blocks``, ``get_new_blocks``, ``free_blocks``, ``touch``, ``reset_prefix_cache``).
-    The pools differ only in how a label becomes a cached hash and how a lookup is
-    asked, so subclasses supply those three calls."""
-
-    pool: Any
-
-    def _blocks(self, ids):
-        return [self.pool.blocks[i] for i in ids]
-
-    @abstractmethod
-    def _cache(self, ids: tuple[int, ...], labels: tuple[str, ...]) -> Any:
-        """cache_full_blocks on the blocks ``ids`` under the hashes of ``labels``."""
-
-    @abstractmethod
-    def _lookup(self, label: str) -> Any:
-        """The block id get_cached_block returns for ``label``'s hash, or None."""
-
-    @abstractmethod
-    def _foreign_block(self) -> Any:
-        """One block handed out by another, fresh pool of the same kind."""
-
-    def apply(self, op: Op) -> Any:
-        p = self.pool
-        if isinstance(op, Alloc):
-            return tuple(b.block_id for b in p.get_new_blocks(op.n))
-        if isinstance(op, Free):
-            return p.free_blocks(self._blocks(op.blocks))
-        if isinstance(op, Touch):
-            return p.touch(self._blocks(op.blocks))
-        if isinstance(op, (Cache, CachePartial)):
-            return self._cache(op.blocks, op.hashes)
-        if isinstance(op, FreeForeign):
-            return p.free_blocks([self._foreign_block()])
-        if isinstance(op, Lookup):
-            return self._lookup(op.hash)
-        if isinstance(op, Reset):
-            return p.reset_prefix_cache()
-        raise TypeError(f"{op!r} is not a pool-level op")
 
 
 class Target(ABC):

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from ..patching import PatchError, apply_unified_diff, parse_unified_diff
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
 
 _tmp: Path | None = None
 

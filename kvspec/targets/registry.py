@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..patching import PatchError
-from .base import Target, TargetError
-from .patched import import_patched_copy, read_patch
+from kvspec.patching import PatchError
+from kvspec.targets.base import Target, TargetError
+from kvspec.targets.patched import import_patched_copy, read_patch
 
 
 def load_target(spec: str = "impl", patch: Optional[str] = None, api: Optional[str] = None) -> Target:
@@ -44,27 +44,27 @@ def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
             raise TargetError(f"--api {api}: target {spec} is a nano-vllm BlockManager (--api nanovllm)")
     diff = read_patch(patch) if patch else None
     if spec == "impl":
-        from .impl_target import ImplTarget
+        from kvspec.targets.impl_target import ImplTarget
         if diff is None:
             return ImplTarget()
         mod = import_patched_copy(ImplTarget.package_dir(), "impl", diff, "impl")
         return ImplTarget(mod, label=f"impl+{patch}")
     if spec == "vllm":
         try:
-            from .vllm_target import VllmTarget
+            from kvspec.targets.vllm_target import VllmTarget
         except ImportError as e:
             raise TargetError(f"target vllm: cannot import the vllm adapter: {e}") from None
         return VllmTarget(patch_text=diff, patch_name=patch)
     if spec == "nanovllm" or spec.startswith("nanovllm:"):
         try:
-            from .nanovllm_target import NanoVllmTarget
+            from kvspec.targets.nanovllm_target import NanoVllmTarget
         except ImportError as e:
             raise TargetError(f"target {spec}: cannot import the nano-vllm adapter: {e}") from None
         package = spec.split(":", 1)[1] if ":" in spec else "nanovllm"
         return NanoVllmTarget(package, patch_text=diff, patch_name=patch)
     if ":" in spec:
         try:
-            from .user_target import load_user_target
+            from kvspec.targets.user_target import load_user_target
         except ImportError as e:
             raise TargetError(f"target {spec}: cannot import the user-class adapter: {e}") from None
         return load_user_target(spec, api=api, patch_text=diff, patch_name=patch)

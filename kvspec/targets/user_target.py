@@ -69,10 +69,11 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Optional
 
-from ..config import Config
-from ..patching import PatchError, apply_unified_diff, parse_unified_diff
-from .base import Driver, Target, TargetError, Traits
-from .nanovllm_target import NANO_METHODS, NanoTarget, import_overlay, module_name, patched_files
+from kvspec.spec.config import Config
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
+from kvspec.targets.base import Driver, Target, TargetError, Traits
+from kvspec.targets.nano_loader import import_overlay, module_name, patched_files
+from kvspec.targets.nanovllm_target import NANO_METHODS, NanoTarget
 
 POOL_METHODS = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "get_cached_block",
                 "reset_prefix_cache")
@@ -128,7 +129,7 @@ def _exec_file(spec: str, source: Path, run_from: Path, alias: str) -> ModuleTyp
 
 def _patched_file(spec: str, path: Path, patch_text: str) -> Path:
     """The patched copy of ``path``; the diff may name only that file."""
-    from .patched import _tmp_dir
+    from kvspec.targets.patched import _tmp_dir
 
     cwd = Path.cwd().resolve()
     for fp in parse_unified_diff(patch_text):
@@ -313,8 +314,8 @@ class UserTarget(Target):
 
 def _vllm_target(spec: str, api: str, build: Any) -> UserTarget:
     try:
-        from .vllm_patch import import_vllm
-        from .vllm_target import Upstream, VllmCacheDriver, VllmPoolDriver
+        from kvspec.targets.vllm_patch import import_vllm
+        from kvspec.targets.vllm_target import Upstream, VllmCacheDriver, VllmPoolDriver
         up = Upstream(import_vllm(None))
     except ImportError as e:
         raise TargetError(f"target {spec}: a vLLM-style {API_NAMES[api]} is driven with vLLM's Request and "
@@ -339,7 +340,8 @@ def _vllm_target(spec: str, api: str, build: Any) -> UserTarget:
 
 
 def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType) -> UserTarget:
-    from .impl_target import ImplCacheDriver, ImplPoolDriver, observe_pool
+    from kvspec.targets.impl_target import ImplCacheDriver, ImplPoolDriver
+    from kvspec.targets.v1_driver import observe_pool
 
     if api == "kvcachemanager":
         missing = [m for m in ("make_request", "get_block_ids") if not callable(getattr(cls, m, None))]
@@ -403,7 +405,7 @@ def _sequence_class(module: ModuleType, cls: Optional[type] = None) -> type:
         seq = getattr(m, "Sequence", None)
         if isinstance(seq, type):
             return seq
-    from .nano_sequence import Sequence
+    from kvspec.targets.nano_sequence import Sequence
     return Sequence
 
 

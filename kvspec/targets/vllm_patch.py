@@ -24,8 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from ..patching import PatchError, apply_unified_diff
-from .patched import _tmp_dir
+from kvspec.patching import PatchError, apply_unified_diff
+from kvspec.targets.patched import _tmp_dir
 
 # What the adapter drives; importing these pulls in the rest of the family.
 ENTRY_MODULES = (

@@ -18,12 +18,12 @@ import logging
 from types import ModuleType
 from typing import Any, Optional
 
-from ..config import Config
-from ..observation import Observation, RequestState
-from ..ops import Admit, Alloc, Cache, CachePartial, Finish, Free, FreeForeign, Lookup, Op, Preempt, Reset, Step, Touch
-from .base import Driver, Target, Traits, V1PoolDriver
-from .impl_target import observe_pool
-from .vllm_patch import import_vllm
+from kvspec.spec.config import Config
+from kvspec.spec.observation import Observation, RequestState
+from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
+from kvspec.targets.base import Driver, Target, Traits
+from kvspec.targets.v1_driver import V1PoolDriver, observe_pool
+from kvspec.targets.vllm_patch import import_vllm
 
 MAX_MODEL_LEN = 1 << 20  # no kvspec sequence comes near it: the cap never bites
 GROUP = 0                # the one KV-cache group

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from kvspec.kernel_sweep import CORPUS_DIR, KernelCase, load_patched_kernels, run_case, unload_patched  # noqa: E402
+from kvspec.kernels.sweep import CORPUS_DIR, KernelCase, load_patched_kernels, run_case, unload_patched  # noqa: E402
 
 BUGS = json.loads((CORPUS_DIR / "bugs.json").read_text())
 
@@ -50,6 +50,9 @@ def test_unpatched_kernels_pass_the_corpus_sweep():
 def test_patch_is_caught(bug, tmp_path):
     mod = load_patched_kernels((CORPUS_DIR / bug["file"]).read_text(), tmp_path)
     try:
+        # The copy must run its own (patched) kernel: an absolute kvspec.kernels import in
+        # kernels/__init__.py would hand it the unpatched one.
+        assert mod.paged_attention.__module__.startswith(mod.__name__ + "."), mod.paged_attention.__module__
         results = []
         for case in SWEEP:  # stop at the first catch: the rest would only cost time
             results.append(run_case(case, mod.paged_attention))

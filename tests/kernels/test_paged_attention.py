@@ -1,6 +1,6 @@
 """paged_attention against the float64 oracle, on the CPU under TRITON_INTERPRET=1.
 
-Every case runs through ``kvspec.kernel_sweep.run_case``: a shuffled block table over
+Every case runs through ``kvspec.kernels.sweep.run_case``: a shuffled block table over
 a pool three times larger than needed, NaN in every cache slot no sequence owns
 (an unmasked read poisons the output), a NaN-poisoned output tensor (an unwritten
 element fails), and the tolerance rule of ``kvspec.kernels.tolerance``.
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings  # noqa: E40
 from hypothesis import strategies as st  # noqa: E402
 
 import kvspec.kernels as kernels  # noqa: E402
-from kvspec.kernel_sweep import DTYPES, HEAD_DIMS, KernelCase, build_inputs, run_case, sweep_cases  # noqa: E402
+from kvspec.kernels.sweep import DTYPES, HEAD_DIMS, KernelCase, build_inputs, run_case, sweep_cases  # noqa: E402
 
 # The submodule, not the function of the same name that the package exports.
 pa_module = importlib.import_module("kvspec.kernels.paged_attention")
@@ -159,7 +159,7 @@ def test_bad_inputs_are_rejected():
 
 
 def test_sweep_reports_cases_and_errors_per_dtype():
-    from kvspec.kernel_sweep import run_sweep
+    from kvspec.kernels.sweep import run_sweep
 
     res = run_sweep(device="cpu", count=3)
     assert res["cases"] == 3 and res["passed"] and not res["failures"]

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import kvspec.kernels as kernels  # noqa: E402
-from kvspec.kernel_sweep import KernelCase, run_case  # noqa: E402
+from kvspec.kernels.sweep import KernelCase, run_case  # noqa: E402
 
 CHEAP = settings(max_examples=25, deadline=None, derandomize=True, database=None,
                  phases=[Phase.explicit, Phase.generate],  # shrinking is slow under the interpreter

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvspec import impl
-from kvspec.checker import LevelSearch
+from kvspec.check.search import LevelSearch
 from kvspec.targets.impl_target import ImplTarget
 
 # Seconds per machine: tools/mutate.py sets KVSPEC_KILL_BUDGET (2 by default); in the

@@ -25,16 +25,17 @@ pytest.importorskip("xxhash", reason="nano-vllm-fork's block manager needs xxhas
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from kvspec.checker import run_check  # noqa: E402
-from kvspec.config import Config  # noqa: E402
-from kvspec.enumerate_ops import Bounds  # noqa: E402
-from kvspec.mc import confirm, model_check  # noqa: E402
-from kvspec.ops import Admit, Finish, Preempt, Step  # noqa: E402
+from kvspec.check.search import run_check  # noqa: E402
+from kvspec.spec.config import Config  # noqa: E402
+from kvspec.mc.enumerate_ops import Bounds  # noqa: E402
+from kvspec.mc.search import confirm, model_check  # noqa: E402
+from kvspec.spec.ops import Admit, Finish, Preempt, Step  # noqa: E402
 from kvspec.patching import PatchError  # noqa: E402
-from kvspec.session import Session  # noqa: E402
+from kvspec.check.session import Session  # noqa: E402
 from kvspec.stateful import InvariantViolation, cache_machine  # noqa: E402
 from kvspec.targets.base import TargetError  # noqa: E402
-from kvspec.targets.nanovllm_target import BOOLEAN, load_nano, package_dir  # noqa: E402
+from kvspec.targets.nano_loader import load_nano, package_dir  # noqa: E402
+from kvspec.targets.nanovllm_target import BOOLEAN  # noqa: E402
 from kvspec.targets.registry import load_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,11 +19,11 @@ pytest.importorskip("vllm.v1.core.kv_cache_manager",
 from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 from hypothesis.stateful import run_state_machine_as_test  # noqa: E402
 
-from kvspec.checker import run_check  # noqa: E402
-from kvspec.config import Config  # noqa: E402
-from kvspec.ops import Admit, Alloc, Cache, Finish, Free, FreeForeign, Lookup, Step, Touch  # noqa: E402
+from kvspec.check.search import run_check  # noqa: E402
+from kvspec.spec.config import Config  # noqa: E402
+from kvspec.spec.ops import Admit, Alloc, Cache, Finish, Free, FreeForeign, Lookup, Step, Touch  # noqa: E402
 from kvspec.patching import PatchError  # noqa: E402
-from kvspec.session import Session  # noqa: E402
+from kvspec.check.session import Session  # noqa: E402
 from kvspec.stateful import InvariantViolation, cache_machine, pool_machine  # noqa: E402
 from kvspec.targets.base import TargetError  # noqa: E402
 from kvspec.targets.registry import load_target  # noqa: E402

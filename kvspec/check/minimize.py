@@ -1,0 +1,194 @@
+"""Cut a failing step list down to a short, readable, and where possible provably
+shortest repro.
+
+1. **ddmin** (Zeller's delta debugging) over the steps, keeping only candidates that
+   fail with the same invariant id at their last step and, for a finding under valid
+   use, contain no misuse before it.
+2. **Canonical names**: requests become ``r1, r2, ...`` and hash labels ``a, b, ...``
+   in order of first appearance (kept only if the renamed list still fails the same
+   way), so the repro reads simply.
+3. **Bounded BFS** (``kvspec.mc``), for findings under valid use, by iterative
+   deepening: depth 1 on every configuration of the same level and block size (the
+   smallest pool first, up to the failing one), then depth 2 on every one, and so on
+   up to the ddmin result's length, stopping at the first failure of the same
+   invariant. So the repro is the shortest there is on any of those pools, on the
+   smallest pool that has one that short. Deepening matters: a pool too small for the
+   bug would otherwise be searched to the full ddmin length first, which at cache
+   level can take the whole budget (touch_after_alloc: ddmin leaves 14 steps on 11
+   blocks; deepening proves 5 in under 2 s). The search first uses ``mc``'s own
+   domains, so the repro is exactly what ``kvspec mc`` finds on its configuration; only
+   when that finds nothing as short as the ddmin result are the domains widened to
+   include every argument the ddmin result uses (its prompts, tokens, set sizes, ref
+   counts, labels and requests).
+
+``minimal`` is True only when a search that ran to completion proves it: no
+sequence of fewer steps over the domains searched fails with this invariant on the
+repro's configuration. It is None when no search could say (a misuse finding, or the budget
+ran out), never a guess.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Optional, Sequence
+
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Admit, Cache, CachePartial, Finish, Lookup, Op, Preempt, Step
+from kvspec.check.session import Session, run_steps
+from kvspec.targets.base import Target
+
+BFS_BUDGET_S = 8.0      # seconds of bounded BFS per finding, all configurations together
+BFS_MAX_DEPTH = 12      # a ddmin result longer than this is not searched
+
+
+def fails_with(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool) -> bool:
+    """Does ``steps`` fail, at its last step, with ``invariant`` first?"""
+    s = Session(target, config)
+    if s.initial:
+        return s.initial[0].invariant == invariant and not steps
+    for i, op in enumerate(steps):
+        if not allow_misuse and s.misuse_reason(op) is not None:
+            return False
+        found = s.apply(op)
+        if found:
+            return i == len(steps) - 1 and found[0].invariant == invariant
+    return False
+
+
+def ddmin(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,
+          budget_s: float = 10.0) -> list[Op]:
+    """Zeller's ddmin: a 1-minimal sub-list that still fails with ``invariant``."""
+    deadline = time.monotonic() + budget_s
+    cur = list(steps)
+    n = 2
+    while len(cur) >= 2 and time.monotonic() < deadline:
+        chunk = max(len(cur) // n, 1)
+        parts = [cur[i:i + chunk] for i in range(0, len(cur), chunk)]
+        reduced = False
+        for i in range(len(parts)):
+            # Try each complement (drop one part); the failing step must stay last.
+            cand = [op for j, p in enumerate(parts) if j != i for op in p]
+            if cand and fails_with(target, config, cand, invariant, allow_misuse):
+                cur, n, reduced = cand, max(n - 1, 2), True
+                break
+        if not reduced:
+            if n >= len(cur):
+                break
+            n = min(n * 2, len(cur))
+    return cur
+
+
+# -- canonical names -------------------------------------------------------------------
+def _label_name(i: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return letters[i] if i < len(letters) else f"h{i}"
+
+
+def rename(steps: Sequence[Op]) -> list[Op]:
+    """Requests ``r1, r2, ...`` and hash labels ``a, b, ...`` in order of first appearance."""
+    reqs: dict[str, str] = {}
+    labels: dict[str, str] = {}
+
+    def req(r: str) -> str:
+        return reqs.setdefault(r, f"r{len(reqs) + 1}")
+
+    def lab(h: str) -> str:
+        return labels.setdefault(h, _label_name(len(labels)))
+
+    out: list[Op] = []
+    for op in steps:
+        if isinstance(op, (Admit, Step, Preempt, Finish)):
+            op = replace(op, req=req(op.req))
+        elif isinstance(op, (Cache, CachePartial)):
+            op = replace(op, hashes=tuple(lab(h) for h in op.hashes))
+        elif isinstance(op, Lookup):
+            op = replace(op, hash=lab(op.hash))
+        out.append(op)
+    return out
+
+
+# -- bounded BFS -----------------------------------------------------------------------
+def _smaller_configs(config: Config, null_block: bool) -> list[Config]:
+    """Same level, block size and caching; from one usable block up to ``config``'s pool."""
+    lo = 2 if null_block else 1
+    return [replace(config, num_blocks=n) for n in range(lo, config.num_blocks + 1)]
+
+
+def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, invariant: str,
+                     deadline: float, bounds_for=None) -> tuple[Optional[list[Op]], Optional[Config], bool]:
+    """Iterative-deepening BFS over ``configs`` (in order) up to ``max_depth`` steps:
+    (the first counterexample, its config, complete). ``complete`` is True when every
+    shallower search ran to the end, i.e. nothing shorter fails on any of ``configs``."""
+    from kvspec.mc.enumerate_ops import Bounds
+    from kvspec.mc.search import model_check
+
+    bounds_for = bounds_for or (lambda cfg: Bounds())
+    complete = True
+    live = list(configs)
+    for depth in range(1, max_depth + 1):
+        for cfg in list(live):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, None, False
+            try:
+                r = model_check(target, cfg, depth, bounds_for(cfg), time_cap=left, mem_cap_gib=1.0,
+                                invariant=invariant)
+            except Exception:  # a configuration the target cannot build
+                r = None
+            if r is not None and r.verdict == "violation" and r.counterexample is not None:
+                return list(r.counterexample), cfg, complete
+            if r is None or r.verdict != "pass":
+                # unbuildable, or out of memory (or time): deeper searches of it would be
+                # too. The others go on, but nothing found later is proven shortest.
+                complete = False
+                live.remove(cfg)
+    return None, None, complete
+
+
+def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant: str,
+                 budget_s: float = BFS_BUDGET_S, shrink_config: bool = True
+                 ) -> tuple[list[Op], Optional[bool], Config]:
+    """Step 3 of the module doc: (steps, minimal, config)."""
+    from kvspec.mc.enumerate_ops import Bounds
+
+    steps = list(steps)
+    deadline = time.monotonic() + budget_s
+    configs = _smaller_configs(config, target.traits.null_block) if shrink_config else [config]
+    max_depth = min(len(steps), BFS_MAX_DEPTH)
+    for bounds_for in (None, lambda cfg: Bounds().widened(steps, cfg)):
+        found, cfg, complete = deepening_search(target, configs, max_depth, invariant, deadline, bounds_for)
+        if found is not None:
+            return found, (True if complete else None), cfg
+    return steps, None, config
+
+
+def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invariant: str,
+                     allow_misuse: bool = False, budget_s: float = 10.0, bfs_budget_s: float = BFS_BUDGET_S,
+                     shrink_config: bool = True) -> tuple[list[Op], Optional[bool], Config]:
+    """(steps, minimal, config): the module doc's three steps. ``config`` may be a
+    smaller pool than the one given, when a repro as short or shorter fails there."""
+    steps = list(steps)
+    if not fails_with(target, config, steps, invariant, allow_misuse):
+        return steps, None, config  # not reproducible in isolation: keep what Hypothesis gave
+    steps = ddmin(target, config, steps, invariant, allow_misuse, budget_s)
+    renamed = rename(steps)
+    if renamed != steps and fails_with(target, config, renamed, invariant, allow_misuse):
+        steps = renamed
+    if not steps:
+        # Fails at construction: the smallest pool that does so too; nothing is shorter.
+        for cfg in (_smaller_configs(config, target.traits.null_block) if shrink_config else [config]):
+            out = run_steps(target, cfg, [])
+            if out.index == -1 and out.invariant == invariant:
+                return [], True, cfg
+        return [], True, config
+    if allow_misuse:
+        return steps, None, config  # the search enumerates valid ops only
+    return bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config)
+
+
+def minimize(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,
+             budget_s: float = 10.0) -> tuple[list[Op], Optional[bool]]:
+    """(shortest steps found, minimal?) on ``config`` itself; minimal is True only when proven."""
+    steps, minimal, _ = minimize_finding(target, config, steps, invariant, allow_misuse, budget_s,
+                                         shrink_config=False)
+    return steps, minimal

@@ -1,0 +1,88 @@
+"""Write a failing step list as a standalone pytest file a maintainer could commit.
+
+The file needs nothing but kvspec and the target. It embeds the step list, the
+configuration and, when there was one, the patch text, so it replays anywhere.
+``KVSPEC_PATCH=none`` replays it on the unpatched target, ``KVSPEC_PATCH=x.diff``
+on another patch (a fix, say).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Optional, Sequence
+
+from kvspec.spec.config import Config
+from kvspec.spec.invariants import title
+from kvspec.spec.model import model_for
+from kvspec.spec.ops import Op
+from kvspec.targets.base import Target
+
+
+def _annotations(target: Target, config: Config, steps: Sequence[Op]) -> list[str]:
+    """What the reference model says each step should do, as a trailing comment."""
+    model = model_for(config, target.traits)
+    notes = []
+    for op in steps:
+        why = model.misuse_reason(op)
+        if why is not None:
+            notes.append(f"misuse: {why}")
+            continue
+        r = model.apply(op)
+        notes.append("" if r is None else f"-> {list(r) if isinstance(r, tuple) else r}")
+    return notes
+
+
+def write_repro(directory: str | Path, target_spec: str, target: Target, config: Config, steps: Sequence[Op],
+                invariant: str, message: str, *, patch_text: Optional[str] = None, patch_name: Optional[str] = None,
+                command: str = "", minimal: Optional[bool] = None, kind: str = "violation") -> Path:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha1(repr((target_spec, patch_text, config, list(steps))).encode()).hexdigest()[:8]
+    safe = re.sub(r"[^A-Za-z0-9]+", "_", target_spec).strip("_").lower()
+    path = directory / f"test_{safe}_{invariant.lower()}_{digest}.py"
+    label = title(invariant)
+    ops = sorted({type(op).__name__ for op in steps})
+    notes = _annotations(target, config, steps)
+    lines: list[str] = []
+    w = lines.append
+    w(f'"""kvspec repro: {label} on target {target_spec!r}'
+      + (f" with patch {patch_name}" if patch_name else "") + ".")
+    w("")
+    w(message.replace('"""', "'''"))
+    w("")
+    if command:
+        w(f"Found by: {command}")
+    w(f"{len(steps)} steps" + ("" if minimal is None else f", minimal: {str(minimal).lower()}")
+      + (f"; {kind} finding" if kind != "violation" else "") + ".")
+    w("Replays the steps on a fresh allocator and checks every invariant after each one.")
+    if patch_text:
+        w("KVSPEC_PATCH=none replays on the unpatched target; KVSPEC_PATCH=other.diff on another patch.")
+    w('"""')
+    w("import os")
+    w("")
+    w(f"from kvspec.spec.ops import {', '.join(ops)}" if ops else "")
+    w("from kvspec.check.replay import replay")
+    w("")
+    w(f"TARGET = {target_spec!r}")
+    w(f"CONFIG = {config.to_dict()!r}")
+    if patch_text:
+        w(f"PATCH_TEXT = {patch_text!r}")
+    w("STEPS = [")
+    for op, note in zip(steps, notes):
+        w(f"    {op!r},{'  # ' + note if note else ''}")
+    w("]")
+    w("")
+    w("")
+    w(f"def test_{invariant.lower()}_{kind}():")
+    if patch_text:
+        w('    env = os.environ.get("KVSPEC_PATCH")')
+        w('    if env is None:')
+        w('        replay(TARGET, CONFIG, STEPS, patch_text=PATCH_TEXT)')
+        w('    else:')
+        w('        replay(TARGET, CONFIG, STEPS, patch=None if env.lower() == "none" else env)')
+    else:
+        w('    env = os.environ.get("KVSPEC_PATCH")')
+        w('    replay(TARGET, CONFIG, STEPS, patch=None if env in (None, "", "none") else env)')
+    path.write_text("\n".join(lines) + "\n")
+    return path

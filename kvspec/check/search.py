@@ -1,0 +1,231 @@
+"""``kvspec check``: run the stateful machines against a target within a time budget,
+then cut each finding down and write it as a standalone pytest repro."""
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from hypothesis import HealthCheck, Phase, Verbosity, seed as hyp_seed, settings
+from hypothesis.errors import Flaky
+from hypothesis.stateful import get_state_machine_test
+
+from kvspec.spec.config import Config
+from kvspec.spec.invariants import title
+from kvspec.check.minimize import minimize_finding
+from kvspec.spec.ops import Op
+from kvspec.check.repro import write_repro
+from kvspec.check.session import Session, run_steps
+from kvspec.targets.base import Target, TargetError
+from kvspec.spec.violation import Violation
+
+EXAMPLES_PER_BATCH = 25
+STEPS_PER_EXAMPLE = {"pool": 60, "cache": 60}  # about 5x the largest pool: evictions and reuse happen
+
+
+@dataclass
+class Finding:
+    kind: str                 # "violation" or "robustness"
+    level: str
+    config: Config
+    steps: list[Op]
+    violations: list[Violation]
+    shrunk_steps: int         # length Hypothesis shrank it to, before ddmin
+    minimal: Optional[bool] = None
+    repro: Optional[str] = None
+    seconds_to_failure: Optional[float] = None
+
+    @property
+    def invariant(self) -> str:
+        return self.violations[0].invariant
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.violations[0]
+        return {
+            "invariant": v.invariant, "name": title(v.invariant), "message": v.message,
+            "excerpt": v.excerpt, "also": sorted({x.invariant for x in self.violations[1:]} - {v.invariant}),
+            "level": self.level, "config": self.config.to_dict(), "steps": [op.to_dict() for op in self.steps],
+            "steps_text": [repr(op) for op in self.steps], "num_steps": len(self.steps),
+            "shrunk_steps": self.shrunk_steps, "minimal": self.minimal, "repro": self.repro,
+            "seconds_to_failure": None if self.seconds_to_failure is None else round(self.seconds_to_failure, 3),
+        }
+
+
+@dataclass
+class CheckReport:
+    target: str
+    patch: Optional[str]
+    levels: list[str]
+    misuse: bool
+    seed: int
+    budget: float
+    violations: list[Finding] = field(default_factory=list)
+    robustness: list[Finding] = field(default_factory=list)
+    examples: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    error: Optional[str] = None
+
+    @property
+    def verdict(self) -> str:
+        return "error" if self.error else "violation" if self.violations else "pass"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "patch": self.patch, "levels": self.levels, "misuse": self.misuse,
+            "seed": self.seed, "budget": self.budget, "verdict": self.verdict,
+            "violations": [f.to_dict() for f in self.violations], "robustness": [f.to_dict() for f in self.robustness],
+            "examples": self.examples, "steps": self.steps, "seconds": round(self.seconds, 3),
+            "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
+        }
+
+
+class Progress:
+    """A one-line progress display on a terminal; silent otherwise."""
+
+    def __init__(self, enabled: bool, budget: float) -> None:
+        self.enabled = enabled
+        self.budget = budget
+        self.start = time.monotonic()
+        self.level = ""
+        self.counters: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True) if enabled else None
+
+    def __enter__(self) -> "Progress":
+        if self._thread:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.25):
+            c = self.counters
+            sys.stderr.write(f"\r\033[K[{self.level}] examples {c.get('examples', 0)}  steps {c.get('steps', 0)}  "
+                             f"{time.monotonic() - self.start:5.1f}s / {self.budget:.0f}s")
+            sys.stderr.flush()
+
+
+def _levels(target: Target, level: str) -> list[str]:
+    supported = list(target.traits.levels)
+    if level == "all":
+        return supported
+    if level not in supported:
+        raise TargetError(f"target {target.name} does not support the {level} level (it supports: {', '.join(supported)})")
+    return [level]
+
+
+def _settings(n_steps: int) -> settings:
+    # Generation only: Hypothesis finds these bugs in tens of milliseconds but spends
+    # seconds shrinking, and its shrunk sequences are rarely the shortest anyway.
+    # kvspec.check.minimize (ddmin, then a bounded BFS where small enough) does that part.
+    return settings(max_examples=EXAMPLES_PER_BATCH, stateful_step_count=n_steps, deadline=None, database=None,
+                    phases=(Phase.generate,), report_multiple_bugs=False, derandomize=False,
+                    suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False)
+
+
+def _machine(target: Target, level: str, misuse: bool, sink: Callable):
+    from kvspec.stateful import cache_machine, pool_machine
+    return (cache_machine if level == "cache" else pool_machine)(target, misuse=misuse, on_robustness=sink)
+
+
+class LevelSearch:
+    """Batches of Hypothesis examples on one level, seeded ``seed``, ``seed+1``, ..."""
+
+    def __init__(self, target: Target, level: str, *, misuse: bool, seed: int) -> None:
+        self.level = level
+        self.seed = seed
+        self.batch = 0
+        self.robust: dict[tuple, Finding] = {}
+        self.machine = _machine(target, level, misuse, self._sink)
+
+    def _sink(self, violations: list[Violation], steps: list[Op], config: Config, reason: str) -> None:
+        # Keep the shortest sequence per (invariant, misuse op, kind of misuse): the
+        # reason with its block ids and counts blanked, so "double free of block 3" and
+        # "double free of block 5" are one finding, a free of an unheld block another.
+        key = _robustness_key(violations[0].invariant, steps[-1], reason)
+        if key not in self.robust or len(steps) < len(self.robust[key].steps):
+            self.robust[key] = Finding("robustness", self.level, config, steps, violations, len(steps))
+
+    def run_batch(self) -> Optional[Finding]:
+        from kvspec.stateful import InvariantViolation
+
+        test = get_state_machine_test(self.machine, settings=_settings(STEPS_PER_EXAMPLE[self.level]))
+        hyp_seed(self.seed * 100_003 + self.batch)(test)
+        self.batch += 1
+        try:
+            test()
+        except InvariantViolation as e:
+            return Finding("violation", self.level, e.config, e.steps, e.violations, len(e.steps))
+        except Flaky as e:  # a failure that does not replay: still a finding
+            cause = next((x for x in getattr(e, "exceptions", []) if isinstance(x, InvariantViolation)), None)
+            if cause is None:
+                raise
+            return Finding("violation", self.level, cause.config, cause.steps, cause.violations, len(cause.steps))
+        return None
+
+
+def _robustness_key(invariant: str, op: Op, reason: Optional[str]) -> tuple:
+    return (invariant, type(op).__name__, re.sub(r"-?\d+", "N", reason or ""))
+
+
+def _dedupe_robustness(target: Target, findings: list[Finding]) -> list[Finding]:
+    """After ddmin two findings may have become the same misuse (a double free cut
+    down to a free of an unheld block): keep the shortest of each kind."""
+    kept: dict[tuple, Finding] = {}
+    for f in findings:
+        session = Session(target, f.config)
+        for op in f.steps[:-1]:
+            session.apply(op)
+        key = _robustness_key(f.invariant, f.steps[-1], session.misuse_reason(f.steps[-1]))
+        if key not in kept or len(f.steps) < len(kept[key].steps):
+            kept[key] = f
+    return list(kept.values())
+
+
+def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, patch_text: Optional[str] = None,
+              level: str = "all", misuse: bool = False, seed: int = 0, budget: float = 30.0,
+              report_dir: str = "reports/repros", progress: bool = False, command: str = "") -> CheckReport:
+    levels = _levels(target, level)
+    report = CheckReport(target_spec, patch, levels, misuse, seed, budget)
+    start = time.monotonic()
+    searches = [LevelSearch(target, lvl, misuse=misuse, seed=seed) for lvl in levels]
+    with Progress(progress, budget) as prog:
+        # Round-robin over the levels, one batch at a time, so a bug that only one
+        # level can see is found as fast as one that both can; stop at the first.
+        while time.monotonic() - start < budget and not report.violations:
+            for search in searches:
+                prog.level, prog.counters = search.level, search.machine.counters
+                found = search.run_batch()
+                if found:
+                    found.seconds_to_failure = time.monotonic() - start
+                    report.violations.append(found)
+                    break
+    report.seconds = time.monotonic() - start
+    for search in searches:
+        report.examples += search.machine.counters["examples"]
+        report.steps += search.machine.counters["steps"]
+        report.robustness += list(search.robust.values())
+    for f in report.violations + report.robustness:
+        allow = f.kind == "robustness" or misuse
+        # ddmin, then a bounded BFS that may also move the repro to a smaller pool
+        f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow)
+    report.robustness = _dedupe_robustness(target, report.robustness)
+    for f in report.violations + report.robustness:
+        out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
+        if out.failed and out.invariant == f.invariant:
+            f.violations = out.violations
+        f.repro = str(write_repro(Path(report_dir), target_spec, target, f.config, f.steps, f.invariant,
+                                  f.violations[0].message, patch_text=patch_text, patch_name=patch,
+                                  command=command, minimal=f.minimal, kind=f.kind))
+    return report

@@ -1,0 +1,359 @@
+"""One run of a target against the reference model: apply an op to both, observe,
+check every invariant. The stateful machines, the model checker, ``replay`` (repro
+files) and the minimizer all drive targets through this class and nothing else.
+
+Incremental checking
+--------------------
+Observing the whole pool and checking every block after every step costs O(pool) per
+step. When the driver can report what an op wrote (``track_changes()`` and
+``observe_delta()``, see ``kvspec.targets.impl_target``), the session keeps the
+observation up to date from those deltas (``LiveObservation``), notes which blocks the
+reference model changed (``TrackedList``), and asks ``invariants.fast_check`` whether
+the step is clean, looking only at the blocks either side changed and at running
+counts. A step it cannot vouch for (a misuse, an exception, a target that decided
+differently from the model, a queue that is not a clean list, any finding at all) is
+observed and checked in full, exactly as without deltas, so the findings and their
+messages are the full checker's, word for word. The full path stays the reference
+(``incremental=False``); tests/test_incremental.py holds the two to the same findings.
+
+``incremental=None`` (the default) uses deltas where the driver offers them and the
+pool has at least ``INCREMENTAL_MIN_BLOCKS`` blocks, below which the full path is as
+fast; ``KVSPEC_INCREMENTAL=1`` / ``=0`` forces it on / off.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from kvspec.spec.config import Config
+from kvspec.spec.fast_check import FastStep, RequestsView, fast_check
+from kvspec.spec.invariants import StepContext, check_step
+from kvspec.spec.model import CacheModel, model_for
+from kvspec.spec.observation import BlockState, LiveObservation, Observation, splice_walk
+from kvspec.spec.ops import Admit, Op
+from kvspec.spec.shadow import HashMap, ShadowKV
+from kvspec.targets.base import Target
+from kvspec.spec.violation import Violation
+
+
+INCREMENTAL_MIN_BLOCKS = 64
+
+
+def _want_incremental(config: Config, incremental: Optional[bool]) -> bool:
+    if incremental is not None:
+        return incremental
+    env = os.environ.get("KVSPEC_INCREMENTAL", "").strip().lower()
+    if env in ("1", "on", "true", "yes"):
+        return True
+    if env in ("0", "off", "false", "no"):
+        return False
+    return config.num_blocks >= INCREMENTAL_MIN_BLOCKS
+
+
+class TrackedList(list):
+    """A list (the model's ref counts or hashes) that notes each index assigned, with
+    the value it held before. Anything other than item assignment marks it all."""
+
+    def __init__(self, items=()) -> None:
+        super().__init__(items)
+        self.log: dict = {}
+        self.everything = False
+
+    def __setitem__(self, i, v) -> None:
+        if type(i) is int:
+            log = self.log
+            if i < 0:
+                i += len(self)
+            if i not in log:
+                log[i] = list.__getitem__(self, i)
+        else:
+            self.everything = True
+        list.__setitem__(self, i, v)
+
+    def _all(self, *_a, **_kw) -> None:
+        if "everything" in self.__dict__:  # not while unpickling
+            self.everything = True
+
+    def __delitem__(self, i):
+        self._all()
+        list.__delitem__(self, i)
+
+    def __iadd__(self, other):
+        self._all()
+        return list.__iadd__(self, other)
+
+    def __imul__(self, n):
+        self._all()
+        return list.__imul__(self, n)
+
+    def insert(self, i, v):
+        self._all()
+        list.insert(self, i, v)
+
+    def pop(self, *a):
+        self._all()
+        return list.pop(self, *a)
+
+    def remove(self, v):
+        self._all()
+        list.remove(self, v)
+
+    def clear(self):
+        self._all()
+        list.clear(self)
+
+    def sort(self, **kw):
+        self._all()
+        list.sort(self, **kw)
+
+    def reverse(self):
+        self._all()
+        list.reverse(self)
+
+
+class Session:
+    def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:
+        self.target = target
+        self.config = config
+        self.traits = target.traits
+        self.driver = target.driver(config)
+        self.model = model_for(config, self.traits)
+        self.shadow = ShadowKV(config.block_size) if config.level == "cache" else None
+        self.hashes = HashMap()
+        self.steps: list[Op] = []
+        self.last_result: Any = None  # what the target returned for the last op
+        self.obs: Observation = self.driver.observe()
+        self.initial: list[Violation] = check_step(self._context(None, self.obs, None, None, None, None))
+        # incremental checking (see the module docstring): on when asked and offered
+        self.incremental = (_want_incremental(config, incremental) and callable(getattr(self.driver, "observe_delta", None))
+                            and callable(getattr(self.driver, "track_changes", None)))
+        self._live: Optional[LiveObservation] = None
+        self._model_held = 0
+        self.fast_steps = 0   # steps vouched for by the incremental check (the rest went the full way)
+        if self.incremental and not self.initial:
+            self._resync(self.obs)
+
+    def __getattr__(self, name: str) -> Any:
+        # In incremental mode ``obs`` is built on demand from the live observation.
+        if name == "obs":
+            live = self.__dict__.get("_live")
+            if live is not None:
+                obs = live.materialize()
+                self.__dict__["obs"] = obs
+                return obs
+        raise AttributeError(name)
+
+    def _context(self, op, obs, misuse, error, result, expected) -> StepContext:
+        return StepContext(op=op, config=self.config, traits=self.traits, prev=self.obs, obs=obs,
+                           model=self.model, misuse=misuse, error=error, result=result, expected=expected,
+                           shadow=self.shadow, hashes=self.hashes)
+
+    @property
+    def documents_misuse(self) -> bool:
+        return bool(self.traits.misuse_errors)
+
+    def misuse_reason(self, op: Op) -> Optional[str]:
+        return self.model.misuse_reason(op)
+
+    def apply(self, op: Op) -> list[Violation]:
+        """Run ``op`` on target and model; return the violations it exposed (most specific first)."""
+        live = self._live if self.incremental else None
+        if live is not None:
+            pool = self._arm_model()
+            q_before, qlen_before = pool.queue, len(pool.queue)
+        misuse = self.model.misuse_reason(op)
+        error: Optional[BaseException] = None
+        result: Any = None
+        try:
+            result = self.driver.apply(op)
+        except Exception as e:  # the target's own failure is a finding, not ours
+            error = e
+        expected = self.model.apply(op) if misuse is None else None
+        if live is not None and (misuse is None) == (error is None):
+            try:
+                delta = self.driver.observe_delta()
+            except Exception:
+                delta = None
+            if delta is not None and (self._fast(op, result, expected, delta, pool, q_before, qlen_before)
+                                      if misuse is None else self._fast_rejected(error, delta)):
+                self.steps.append(op)
+                self.__dict__.pop("obs", None)
+                self.last_result = result
+                self.fast_steps += 1
+                return []
+        # The full way: what every step does without deltas, and the reference.
+        try:
+            obs = self.driver.observe()
+        except Exception as e:
+            if error is None:
+                error = e
+            obs = self.obs
+        if self.shadow is not None and misuse is None and error is None:
+            self._write_shadow(op, result, obs)
+        ctx = self._context(op, obs, misuse, error, result, expected)
+        found = check_step(ctx)
+        self.steps.append(op)
+        self.obs = obs
+        self.last_result = result
+        if self.incremental:
+            # The incremental check assumes the state before each step passed *every*
+            # check. A valid, comparable step that found nothing ran them all; a rejected
+            # misuse that found nothing left a state that had passed them as it was.
+            if not found and (ctx.comparable or (misuse is not None and live is not None)):
+                self._resync(obs)
+            else:
+                self._live = None
+        return found
+
+    # -- incremental checking ------------------------------------------------------
+    def _resync(self, obs: Observation) -> None:
+        """Take a full observation as the live one, and (re)arm the driver's tracking."""
+        self._live = None
+        if obs.queue_problems or len(set(obs.queue)) != len(obs.queue):
+            return  # not a clean list: stay on the full path until it is
+        try:
+            armed = self.driver.track_changes()
+        except Exception:
+            armed = False
+        if not armed:
+            return
+        self._live = LiveObservation(obs)
+        self.__dict__["obs"] = obs
+        pool = self._arm_model(force=True)
+        self._model_held = sum(1 for b in pool.usable() if pool.ref[b] > 0)
+
+    def _model_pool(self):
+        return self.model.pool if isinstance(self.model, CacheModel) else self.model
+
+    def _arm_model(self, force: bool = False):
+        """Wrap the model's ref and hash lists so that a step's changes can be read back."""
+        pool = self._model_pool()
+        for name in ("ref", "hash"):
+            lst = getattr(pool, name)
+            if type(lst) is not TrackedList:
+                setattr(pool, name, TrackedList(lst))
+            else:
+                lst.log.clear()
+                lst.everything = False
+        return pool
+
+    def _fast(self, op: Op, result: Any, expected: Any, delta, pool, q_before, qlen_before) -> bool:
+        """Advance the live observation by ``delta`` if the incremental check vouches for
+        the step; leave everything as it was (and return False) otherwise."""
+        live = self._live
+        ctx = StepContext(op=op, config=self.config, traits=self.traits, prev=RequestsView(live.requests),
+                          obs=RequestsView(delta.requests), model=self.model, result=result, expected=expected,
+                          shadow=self.shadow, hashes=self.hashes)
+        if not ctx.comparable or type(pool.ref) is not TrackedList or type(pool.hash) is not TrackedList \
+                or pool.ref.everything or pool.hash.everything:
+            return False
+        links = {b: (d[2], d[3]) for b, d in delta.blocks.items()}
+        walk = splice_walk(live.queue, live.is_queued, len(live.blocks), links, delta.head_next, delta.tail_prev)
+        if walk is None:
+            return False
+        queue, visited, left = walk
+        new = {}
+        for b, d in delta.blocks.items():
+            new[b] = BlockState(d[0], d[1], b in visited)
+        for b in left:
+            if b not in new:
+                old = live.blocks[b]
+                new[b] = BlockState(old.ref, old.hash, False)
+        model_changed = set(pool.ref.log)
+        model_changed.update(pool.hash.log)
+        step = FastStep(ctx=ctx, live=live, new=new, queue=queue, delta=delta, pool=pool,
+                        model_changed=model_changed, model_held=self._model_held,
+                        queue_may_differ=(queue is not live.queue or pool.queue is not q_before
+                                          or len(pool.queue) != qlen_before or bool(pool.ref.log)))
+        if self.shadow is not None:
+            self._write_shadow(op, result, None, delta.requests, live.requests)
+        if not fast_check(step):
+            return False
+        # commit
+        for b, st in new.items():
+            live.blocks[b] = st
+        # Equal to the model's queue now; keeping the model's own int objects makes the
+        # next comparison (and the slices of the next walk) mostly identity checks.
+        live.queue = list(pool.queue) if step.queue_may_differ else queue
+        for h, ids in delta.index.items() if not delta.index_complete else ():
+            if ids is None:
+                live.index.pop(h, None)
+            else:
+                live.index[h] = ids
+        if delta.index_complete:
+            live.index = dict(delta.index)
+        live.free_count = delta.free_count
+        live.requests = dict(delta.requests)
+        live.zero = step.zero
+        self._model_held = step.model_held
+        step.commit_hashes(self.hashes)
+        return True
+
+    def _fast_rejected(self, error: BaseException, delta) -> bool:
+        """A misuse the target refused with a documented error: clean if nothing observable
+        changed (what ATOMIC_REJECT asks; every other check then sees the clean state
+        before, and skips or passes on a misuse)."""
+        live = self._live
+        documented = self.traits.misuse_errors
+        if not documented or not isinstance(error, documented) or delta.free_count != live.free_count \
+                or delta.index_complete or dict(delta.requests) != live.requests:
+            return False
+        for b, d in delta.blocks.items():
+            old = live.blocks[b]
+            if d[0] != old.ref or d[1] != old.hash:
+                return False
+        for h, ids in delta.index.items():
+            if ids != live.index.get(h):
+                return False
+        links = {b: (d[2], d[3]) for b, d in delta.blocks.items()}
+        walk = splice_walk(live.queue, live.is_queued, len(live.blocks), links, delta.head_next, delta.tail_prev)
+        return walk is not None and not walk[2] and all(live.blocks[b].queued for b in walk[1]) \
+            and (walk[0] is live.queue or walk[0] == live.queue)
+
+    def _write_shadow(self, op: Op, result: Any, obs: Optional[Observation], requests=None, before_requests=None) -> None:
+        """Record the KV the target just computed, at the slots its tables name."""
+        assert isinstance(self.model, CacheModel)
+        requests = obs.requests if requests is None else requests
+        before_requests = self.obs.requests if before_requests is None else before_requests
+        for rid, rs in requests.items():
+            q = self.model.reqs.get(rid)
+            if q is None:
+                continue
+            before = before_requests.get(rid)
+            if isinstance(op, Admit) and op.req == rid and isinstance(result, int):
+                start = result  # positions below the hit are read from the cache, not written
+            elif before is not None:
+                start = before.computed
+            else:
+                start = rs.computed
+            self.shadow.write(rs.table, q.tokens, start, min(rs.computed, len(rs.table) * self.config.block_size,
+                                                             len(q.tokens)))
+
+
+@dataclass
+class Outcome:
+    """Where a step list first fails: ``index`` of the failing step (-1: at construction)."""
+    index: Optional[int]
+    violations: list[Violation] = field(default_factory=list)
+    steps: list[Op] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return self.index is not None
+
+    @property
+    def invariant(self) -> Optional[str]:
+        return self.violations[0].invariant if self.violations else None
+
+
+def run_steps(target: Target, config: Config, steps: Sequence[Op]) -> Outcome:
+    """Replay ``steps`` from a fresh allocator; stop at the first violation."""
+    session = Session(target, config)
+    if session.initial:
+        return Outcome(-1, session.initial, [])
+    for i, op in enumerate(steps):
+        found = session.apply(op)
+        if found:
+            return Outcome(i, found, list(steps[: i + 1]))
+    return Outcome(None, [], list(steps))

@@ -1,0 +1,13 @@
+"""Explicit-state model checking (``kvspec mc``): breadth-first ``search`` over every
+state of a small configuration, the ops a state enables (``enumerate_ops``), canonical
+state keys under symmetry (``canonical``), the ways to fork a session (``fork``) and
+the ``command``.
+
+May import: spec, targets, errors, ``kvspec.check.session`` and ``kvspec.check.repro``.
+"""
+from __future__ import annotations
+
+from .enumerate_ops import Bounds
+from .search import MCResult, confirm, model_check
+
+__all__ = ["Bounds", "MCResult", "confirm", "model_check"]

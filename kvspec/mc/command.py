@@ -1,0 +1,94 @@
+"""``kvspec mc``: exhaustive bounded model checking from the command line.
+
+    kvspec mc [--target T] [--patch DIFF] [--level pool|cache] [--blocks N] [--depth D]
+              [--requests R] [--time-cap S] [--mem-cap GIB] [--json] [--report-dir DIR]
+
+``--blocks`` counts usable blocks (the null block comes on top where the target has
+one); the cache level uses block size 2. The domains are ``kvspec.mc.enumerate_ops``'s
+defaults (``Bounds``), with ``--requests`` live requests at most.
+
+Exit codes: 0 when the search found nothing, whether it was complete (verdict
+``pass``) or stopped at the time or memory cap (verdict ``incomplete``: never reported
+as a pass; the JSON says how far it got); 1 when it found a violation (the shortest
+counterexample, also written as a standalone pytest repro); 2 on a usage or target
+error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from kvspec.spec.config import Config
+from kvspec.mc.enumerate_ops import Bounds
+from kvspec.spec.invariants import title
+from kvspec.mc.search import MCResult, confirm, model_check
+from kvspec.check.repro import write_repro
+from kvspec.targets.base import TargetError
+
+DEFAULT_BLOCK_SIZE = 2
+
+
+def _text(a: argparse.Namespace, r: MCResult) -> str:
+    head = (f"kvspec mc: {r.verdict} on target {a.target}" + (f" with patch {a.patch}" if a.patch else "")
+            + f" ({r.config.level} level, {a.blocks} usable blocks"
+            + (f", {a.requests} requests" if r.config.level == "cache" else "") + f", depth {r.max_depth})")
+    lines = [head,
+             f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth} explored"
+             + (" (every reachable state seen)" if r.exhausted else "")
+             + f", {r.seconds:.2f} s, {r.states_per_second:,.0f} states/s, "
+             f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork})"]
+    if r.verdict == "incomplete":
+        lines.append(f"  incomplete: {r.reason}; no claim beyond depth {r.depth}")
+    if r.verdict == "violation":
+        v = r.violations[0]
+        lines.append(f"  {title(v.invariant)}: {v.message}")
+        lines.append(f"  shortest counterexample, {len(r.counterexample or [])} steps:")
+        lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(r.counterexample or [])] or ["    (fails at construction)"]
+        lines.append(f"  state: {v.excerpt}")
+        if r.repro:
+            lines.append(f"  repro: {r.repro}")
+    return "\n".join(lines)
+
+
+def cmd_mc(a: argparse.Namespace) -> int:
+    from kvspec.errors import UsageError
+    from kvspec.targets.patched import read_patch
+    from kvspec.targets.registry import load_target
+
+    if a.blocks < 1:
+        raise UsageError("kvspec mc: --blocks must be at least 1")
+    if a.depth < 0:
+        raise UsageError("kvspec mc: --depth must not be negative")
+    if a.requests < 1:
+        raise UsageError("kvspec mc: --requests must be at least 1")
+    if a.time_cap <= 0 or a.mem_cap <= 0:
+        raise UsageError("kvspec mc: --time-cap and --mem-cap must be positive")
+    target = load_target(a.target, patch=a.patch, api=getattr(a, "api", None))
+    if a.level not in target.traits.levels:
+        raise TargetError(f"target {target.name} does not support the {a.level} level "
+                          f"(it supports: {', '.join(target.traits.levels)})")
+    patch_text = read_patch(a.patch) if a.patch else None
+    config = Config(level=a.level, num_blocks=a.blocks + (1 if target.traits.null_block else 0),
+                    block_size=DEFAULT_BLOCK_SIZE)
+    bounds = Bounds(requests=a.requests)
+    r = model_check(target, config, a.depth, bounds, time_cap=a.time_cap, mem_cap_gib=a.mem_cap,
+                    progress=sys.stderr.isatty() and not a.json)
+    if r.verdict == "violation" and r.counterexample is not None:
+        r.replayed = confirm(target, config, r)
+        command = "kvspec " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["mc"] else ""
+        v = r.violations[0]
+        r.repro = str(write_repro(Path(a.report_dir or os.path.join("reports", "repros")), a.target, target, config,
+                                  r.counterexample, v.invariant, v.message, patch_text=patch_text, patch_name=a.patch,
+                                  command=command, minimal=True))
+    out = {"target": a.target, "patch": a.patch, "level": a.level, "blocks": a.blocks, "requests": a.requests,
+           **r.to_dict()}
+    if a.report_dir:
+        d = Path(a.report_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "kvspec-mc.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(json.dumps(out, default=str) if a.json else _text(a, r))
+    return 1 if r.verdict == "violation" else 0

@@ -1,0 +1,236 @@
+"""Forking a session for the model checker: the ways a search puts one state back to try
+each op from it (see ``kvspec.mc.search``'s docstring), and ``choose_fork``.
+"""
+from __future__ import annotations
+
+import copy
+import copyreg
+import importlib
+import io
+import pickle
+import sys
+import types
+from typing import Any, Callable
+
+from kvspec.spec.ops import Op
+from kvspec.check.session import Session
+
+
+# -- forking a session -------------------------------------------------------------
+_SHARED_FIELDS = ("target", "config", "traits")
+_PER_STATE_FIELDS = ("obs", "steps", "initial", "last_result")
+
+
+def _reduce_module(m: types.ModuleType):
+    return importlib.import_module, (m.__name__,)
+
+
+_DISPATCH = copyreg.dispatch_table.copy()
+_DISPATCH[types.ModuleType] = _reduce_module
+
+
+def _dumps(obj: Any) -> bytes:
+    f = io.BytesIO()
+    p = pickle.Pickler(f, protocol=pickle.HIGHEST_PROTOCOL)
+    p.dispatch_table = _DISPATCH
+    p.dump(obj)
+    return f.getvalue()
+
+
+class Fork:
+    """Saves a session's state and makes independent live copies of it."""
+
+    name = "?"
+
+    def __init__(self, template: Session) -> None:
+        self.shared = {k: getattr(template, k) for k in _SHARED_FIELDS}
+
+    def _fresh(self, state: dict, obs) -> Session:
+        s = Session.__new__(Session)
+        s.__dict__.update(self.shared)
+        s.__dict__.update(state)
+        s.obs, s.steps, s.initial, s.last_result = obs, [], [], None
+        return s
+
+    @staticmethod
+    def _mutable(s: Session) -> dict:
+        return {k: v for k, v in s.__dict__.items() if k not in _SHARED_FIELDS and k not in _PER_STATE_FIELDS}
+
+    def save(self, s: Session, path: Callable[[], list[Op]]) -> Any:
+        raise NotImplementedError
+
+    def load(self, saved: Any, obs) -> Session:
+        raise NotImplementedError
+
+
+class PickleFork(Fork):
+    name = "pickle"
+
+    def save(self, s, path):
+        return _dumps(self._mutable(s))
+
+    def load(self, saved, obs):
+        return self._fresh(pickle.loads(saved), obs)
+
+
+class DriverSnapshotFork(Fork):
+    """The driver's own ``snapshot()``/``restore(snap)``; the rest is pickled."""
+
+    name = "driver-snapshot"
+
+    def save(self, s, path):
+        rest = self._mutable(s)
+        drv = rest.pop("driver")
+        return drv.snapshot(), _dumps(rest), drv
+
+    def load(self, saved, obs):
+        snap, rest, drv = saved
+        state = pickle.loads(rest)
+        state["driver"] = drv.restore(snap)
+        return self._fresh(state, obs)
+
+
+class DeepcopyFork(Fork):
+    name = "deepcopy"
+
+    def __init__(self, template: Session) -> None:
+        super().__init__(template)
+        self.memo = {id(m): m for m in list(sys.modules.values()) if m is not None}
+        for v in self.shared.values():
+            self.memo[id(v)] = v
+
+    def save(self, s, path):
+        return copy.deepcopy(self._mutable(s), dict(self.memo))
+
+    def load(self, saved, obs):
+        return self._fresh(copy.deepcopy(saved, dict(self.memo)), obs)
+
+
+class ReplayFork(Fork):
+    """No copy at all: a fresh session replays the state's op prefix."""
+
+    name = "replay"
+
+    def save(self, s, path):
+        return path()
+
+    def load(self, saved, obs):
+        s = Session(self.shared["target"], self.shared["config"])
+        for op in saved:
+            s.apply(op)
+        s.steps = []
+        return s
+
+
+class CompactFork(Fork):
+    """One live session, put back into each saved state in place (the default for
+    drivers whose ``snapshot()`` is marked ``in_place``, such as impl's).
+
+    The driver saves and restores itself (``kvspec.targets.impl_target.GraphSnapshot``:
+    slot values, attribute dicts and fresh copies of its lists and dicts, put back into
+    the same objects); the model, the hash history and the shadow KV store are saved the
+    same way. A state either cannot save exactly (``snapshot()`` or ``capture()`` gives
+    None: something outside the known objects, a list reachable twice, ...) is pickled
+    instead, and loading it gives a separate session, as ``PickleFork`` does."""
+
+    name = "compact"
+
+    def __init__(self, template: Session) -> None:
+        super().__init__(template)
+        from kvspec.targets.snapshot import GraphSnapshot
+
+        if template.incremental or not getattr(getattr(type(template.driver), "snapshot", None), "in_place", False):
+            raise TypeError("no in-place snapshot for this session")
+        self.live = template
+        self.rest_names = [k for k in self._mutable(template) if k != "driver"]
+        rest = [getattr(template, k) for k in self.rest_names]
+        self.graph = GraphSnapshot([r for r in rest if not _is_scalar(r)])
+        if not self.graph.ok:
+            raise TypeError("the session's state cannot be saved in place")
+        self.pickled = PickleFork(template)
+        self.fallbacks = 0   # states that had to be pickled
+
+    def save(self, s, path):
+        if s is self.live:
+            snap = s.driver.snapshot()
+            if snap is not None:
+                rest = self.graph.capture()
+                if rest is not None:
+                    return (snap, rest, tuple(getattr(s, k) for k in self.rest_names))
+        self.fallbacks += 1
+        return self.pickled.save(s, path)
+
+    def load(self, saved, obs):
+        if type(saved) is bytes:
+            return self.pickled.load(saved, obs)
+        snap, rest, fields = saved
+        s = self.live
+        drv = s.driver.restore(snap)
+        if drv is not s.driver:
+            s.driver = drv
+        self.graph.restore(rest)
+        d = s.__dict__
+        for k, v in zip(self.rest_names, fields):
+            d[k] = v
+        s.obs, s.steps, s.initial, s.last_result = obs, [], [], None
+        return s
+
+
+def _is_scalar(v: Any) -> bool:
+    return v is None or type(v) in (int, bool, float, str)
+
+
+FORKS = {"compact": CompactFork, "pickle": PickleFork, "deepcopy": DeepcopyFork, "replay": ReplayFork,
+         "driver": DriverSnapshotFork}
+
+
+def _faithful(fork: Fork, s0: Session, probe: list[Op]) -> bool:
+    """Does a forked copy behave like a fresh session (observation after each probe op)?
+    (With an in-place fork the copy *is* ``s0``: it is put back before each use.)"""
+    obs0 = s0.obs
+    saved = None
+    try:
+        saved = fork.save(s0, lambda: [])
+        if fork.load(saved, obs0).driver.observe() != obs0:
+            return False
+        for op in probe:
+            a = fork.load(saved, obs0)
+            b = Session(s0.target, s0.config)
+            ra, rb = a.apply(op), b.apply(op)
+            if a.obs != b.obs or [v.invariant for v in ra] != [v.invariant for v in rb]:
+                return False
+            # and the copy is independent of its source
+            if fork.load(saved, obs0).driver.observe() != obs0:
+                return False
+        return True
+    except Exception:
+        return False
+    finally:
+        if saved is not None:
+            try:
+                fork.load(saved, obs0)
+            except Exception:
+                pass
+
+
+def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
+    if strategy != "auto":
+        return FORKS[strategy](s0)
+    snapshot = getattr(type(s0.driver), "snapshot", None)
+    order = (["compact"] if getattr(snapshot, "in_place", False) and not s0.incremental else []) \
+        + (["driver"] if hasattr(s0.driver, "snapshot") and hasattr(s0.driver, "restore") else []) \
+        + ["pickle", "deepcopy"]
+    backup = None
+    for name in order:
+        try:
+            fork = FORKS[name](s0)
+        except TypeError:
+            continue
+        if name == "compact" and backup is None:
+            backup = _dumps(Fork._mutable(s0)), s0.obs   # trying it drives s0 itself
+        if _faithful(fork, s0, probe):
+            return fork
+        if name == "compact":
+            s0.__dict__.update(pickle.loads(backup[0]))
+            s0.obs, s0.steps, s0.last_result = backup[1], [], None
+    return ReplayFork(s0)

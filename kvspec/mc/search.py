@@ -1,0 +1,289 @@
+"""Explicit-state model checking: breadth-first search over every reachable state of a
+small configuration, returning the shortest failing step list.
+
+The search speaks kvspec's one vocabulary and checks kvspec's one catalogue: the ops
+come from ``kvspec.mc.enumerate_ops`` (the valid ops the reference model enables, over
+small finite domains, see ``Bounds``), and every transition is run through
+``Session.apply``, the same call the Hypothesis machines, the repro files and the
+minimizer make, so every invariant is checked after every step of the search.
+
+How a state is stored and revisited
+-----------------------------------
+The target is driven for real. A state is the whole ``Session`` after a path of ops;
+to try each enabled op from it, the search *forks* it:
+
+* ``compact`` (the default where the driver offers it, as impl's do): one live session
+  is put back into the saved state *in place* before each transition. The driver's
+  ``snapshot()`` (marked ``in_place``) saves its objects' slot values and attribute
+  dicts and ``restore(snap)`` writes them back into the same objects, with fresh copies
+  of every list and dict (``kvspec.targets.impl_target.GraphSnapshot``); the model, the
+  hash history and the shadow KV store are saved the same way. A state that cannot be
+  saved so exactly (an object the first snapshot did not see, a list reachable twice)
+  is pickled instead;
+* ``pickle``: the session's mutable parts (the target's driver, the model, the hash
+  history, the shadow KV store) are pickled once when the state is found and unpickled
+  once per transition out of it. Modules are pickled by name and the target, config
+  and traits are shared. A driver may also define ``snapshot()``/``restore(snap)``
+  returning a new driver; the search then calls those instead (``driver-snapshot``);
+* ``deepcopy``, where the driver does not pickle;
+* ``replay``, where neither works: a fresh session replays the state's op prefix.
+
+``auto`` picks the first that round-trips the initial state faithfully. Every way of
+forking sees the same states and transitions (tests/test_mc.py compares them).
+
+Every transition is driven and checked, also those into states seen before: a bug
+can live in the step back into a known state (reviving a cached block with ``touch``
+always lands on a state that ``alloc`` + ``cache`` reach sooner). The state key is
+``kvspec.mc.canonical.state_key``: observation + model + check history, with block ids,
+labels, hash values and request ids renamed canonically (the soundness argument is in
+that module). A state is expanded once; a transition whose check fails ends the search
+with the path to it, which is a shortest counterexample because the search is
+breadth-first. The key of an exact (not renamed) state seen before is looked up rather
+than rebuilt (``kvspec.mc.canonical.KeyMemo``, on at pool level; ``key_memo=False`` turns
+it off): the key is a pure function of the state, so this changes no key. With
+``invariant=`` (the minimizer), only a failure of that invariant
+ends the search; a transition failing another way is a dead end.
+
+Counting: ``states`` are distinct canonical states (the initial one included), each
+reached and checked; ``transitions`` are the ops tried, each one a real step of the
+target plus a full ``check_step``; ``states_per_second`` is states / wall seconds of
+the whole search, start-up included.
+
+Stopping: at the depth bound or when no new state appears (the bounded state space
+is exhausted) the verdict is ``pass``; at the time cap or the memory cap (resident
+memory, read from ``/proc/self/statm``) it is ``incomplete``, never ``pass``, with
+how far the search got.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from kvspec.mc.canonical import KeyMemo, compact, state_key
+from kvspec.spec.config import Config
+from kvspec.mc.enumerate_ops import Bounds, enabled_ops
+from kvspec.spec.ops import Admit, Finish, Op
+from kvspec.check.session import Session, run_steps
+from kvspec.targets.base import Target, TargetError
+from kvspec.spec.violation import Violation
+from kvspec.mc.fork import Fork, choose_fork
+
+# -- the result ----------------------------------------------------------------------
+@dataclass
+class MCResult:
+    verdict: str                       # "pass", "violation" or "incomplete"
+    config: Config
+    bounds: Bounds
+    max_depth: int
+    states: int = 0
+    transitions: int = 0
+    depth: int = 0                     # levels fully explored (the counterexample's length on a violation)
+    seconds: float = 0.0
+    exhausted: bool = False            # no new state at the last level: every reachable state was seen
+    counterexample: Optional[list[Op]] = None
+    violations: list[Violation] = field(default_factory=list)
+    reason: Optional[str] = None       # why the search is incomplete
+    levels: list[int] = field(default_factory=list)   # new states per depth (index 0: the initial state)
+    pruned: int = 0                    # transitions failing another invariant (with ``invariant=``)
+    fork: str = ""
+    fork_fallbacks: int = 0            # states the ``compact`` fork had to pickle instead
+    peak_rss_mib: float = 0.0
+    repro: Optional[str] = None
+    replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
+
+    @property
+    def invariant(self) -> Optional[str]:
+        return self.violations[0].invariant if self.violations else None
+
+    @property
+    def states_per_second(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def transitions_per_second(self) -> float:
+        return self.transitions / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        v = self.violations[0] if self.violations else None
+        return {
+            "verdict": self.verdict, "states": self.states, "transitions": self.transitions, "depth": self.depth,
+            "max_depth": self.max_depth, "seconds": round(self.seconds, 3),
+            "states_per_second": round(self.states_per_second, 1),
+            "transitions_per_second": round(self.transitions_per_second, 1),
+            "exhausted": self.exhausted, "reason": self.reason,
+            "counterexample": None if self.counterexample is None else [op.to_dict() for op in self.counterexample],
+            "counterexample_text": None if self.counterexample is None else [repr(op) for op in self.counterexample],
+            "invariant": self.invariant, "message": v.message if v else None, "excerpt": v.excerpt if v else None,
+            "repro": self.repro, "replayed": self.replayed, "config": self.config.to_dict(),
+            "bounds": self.bounds.to_dict(), "levels": self.levels, "pruned": self.pruned, "fork": self.fork,
+            "fork_fallbacks": self.fork_fallbacks,
+            "peak_rss_mib": round(self.peak_rss_mib, 1),
+        }
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (Linux ``/proc/self/statm``; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _next_extra(extra: dict, op: Op) -> dict:
+    if isinstance(op, Admit) and op.prompt is not None:
+        lens = dict(extra["prompt_lens"])
+        lens[op.req] = len(op.prompt)
+        return {"next_request": extra["next_request"] + 1, "prompt_lens": lens}
+    if isinstance(op, Finish):
+        lens = dict(extra["prompt_lens"])
+        lens.pop(op.req, None)
+        return {"next_request": extra["next_request"], "prompt_lens": lens}
+    return extra
+
+
+class _Progress:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.last = 0.0
+
+    def show(self, now: float, start: float, depth: int, frontier: int, states: int, transitions: int,
+             force: bool = False) -> None:
+        if not self.enabled or (now - self.last < 0.25 and not force):
+            return
+        self.last = now
+        el = max(now - start, 1e-9)
+        sys.stderr.write(f"\r\033[K[mc] depth {depth}  frontier {frontier:,}  states {states:,}  "
+                         f"transitions {transitions:,}  {states / el:,.0f} states/s  "
+                         f"{transitions / el:,.0f} transitions/s  {el:5.1f}s")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+# -- the search ----------------------------------------------------------------------
+def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bounds] = None, *,
+                time_cap: float = 300.0, mem_cap_gib: float = 2.0, progress: bool = False,
+                invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None) -> MCResult:
+    """Breadth-first search of every state reachable in at most ``depth`` valid ops.
+
+    Returns the first (so shortest) failing path as ``counterexample``; with
+    ``invariant``, only a failure whose first invariant is that one counts."""
+    bounds = bounds or Bounds()
+    if config.level not in target.traits.levels:
+        raise TargetError(f"target {target.name} does not support the {config.level} level")
+    start = time.monotonic()
+    deadline = start + time_cap
+    mem_cap = int(mem_cap_gib * 2**30)
+    res = MCResult("pass", config, bounds, depth)
+    prog = _Progress(progress)
+    forker: Optional[Fork] = None
+
+    def finish(verdict: str) -> MCResult:
+        res.verdict = verdict
+        res.seconds = time.monotonic() - start
+        res.fork_fallbacks = getattr(forker, "fallbacks", 0) if forker is not None else 0
+        res.peak_rss_mib = max(res.peak_rss_mib, rss_bytes() / 2**20)
+        prog.done()
+        return res
+
+    s0 = Session(target, config)
+    res.states = 1
+    res.levels = [1]
+    if s0.initial:
+        if invariant is None or s0.initial[0].invariant == invariant:
+            res.counterexample, res.violations = [], s0.initial
+            return finish("violation")
+        return finish("pass")  # every path starts past another failure: none can end in this one
+    cache = config.level == "cache"
+    extra0: dict = {"next_request": 1, "prompt_lens": {}} if cache else {}
+
+    def ops_of(s: Session, extra: dict) -> list[Op]:
+        if cache:
+            return enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+                               prompt_lens=extra["prompt_lens"])
+        return enabled_ops(s.model, config, bounds, used_labels=s.hashes.k2t.keys())
+
+    sym = bounds.symmetry
+    forker = choose_fork(s0, ops_of(s0, extra0)[:3], fork)
+    res.fork = forker.name
+    parents: list[tuple[int, Optional[Op]]] = [(-1, None)]
+
+    def path_to(i: int) -> list[Op]:
+        out = []
+        while i > 0:
+            i, op = parents[i]
+            out.append(op)
+        return out[::-1]
+
+    if key_memo is None:
+        key_memo = not cache   # at pool level most transitions revisit an exact state (see KeyMemo)
+    key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
+    seen = {key_of(s0, extra0)}
+    frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
+    tick = 0
+    for d in range(1, depth + 1):
+        nxt: list = []
+        for saved, obs, extra, idx in frontier:
+            base = forker.load(saved, obs)
+            ops = ops_of(base, extra)
+            for i, op in enumerate(ops):
+                s = base if i == 0 else forker.load(saved, obs)   # each op from the saved state
+                res.transitions += 1
+                found = s.apply(op)
+                if found:
+                    if invariant is None or found[0].invariant == invariant:
+                        res.counterexample = path_to(idx) + [op]
+                        res.violations = found
+                        res.depth = d
+                        return finish("violation")
+                    res.pruned += 1
+                    continue
+                ex2 = _next_extra(extra, op) if cache else extra
+                k = key_of(s, ex2)
+                if k in seen:
+                    continue
+                seen.add(k)
+                parents.append((idx, op))
+                pid = len(parents) - 1
+                res.states += 1
+                if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
+                    nxt.append((forker.save(s, lambda: path_to(pid)), s.obs, ex2, pid))
+                else:
+                    nxt.append(None)
+            tick += 1
+            if tick % 16 == 0:
+                now = time.monotonic()
+                prog.show(now, start, d, len(frontier), res.states, res.transitions)
+                if now > deadline:
+                    res.reason = f"time cap of {time_cap:g} s reached at depth {d}"
+                    return finish("incomplete")
+                if mem_cap and tick % 64 == 0:
+                    rss = rss_bytes()
+                    res.peak_rss_mib = max(res.peak_rss_mib, rss / 2**20)
+                    if rss > mem_cap:
+                        res.reason = f"memory cap of {mem_cap_gib:g} GiB reached at depth {d}"
+                        return finish("incomplete")
+        res.levels.append(len(nxt))
+        res.depth = d
+        prog.show(time.monotonic(), start, d, len(nxt), res.states, res.transitions, force=True)
+        frontier = nxt
+        if not nxt:
+            res.exhausted = True
+            break
+    return finish("pass")
+
+
+def confirm(target: Target, config: Config, result: MCResult) -> bool:
+    """Replay a counterexample from scratch: does it fail, at its last step, the same way?"""
+    if result.counterexample is None:
+        return False
+    out = run_steps(target, config, result.counterexample)
+    ok = (out.index == len(result.counterexample) - 1 if result.counterexample else out.index == -1)
+    return ok and out.invariant == result.invariant

@@ -1,0 +1,24 @@
+"""Human-readable terminal summaries."""
+from __future__ import annotations
+
+from kvspec.spec.invariants import title
+
+
+def check_text(report) -> str:
+    lines = [f"kvspec check: target {report.target}" + (f" + {report.patch}" if report.patch else "")
+             + f", levels {', '.join(report.levels)}{', misuse' if report.misuse else ''}, seed {report.seed}",
+             f"  {report.examples} examples, {report.steps} steps in {report.seconds:.1f}s"]
+    for f in report.violations:
+        v = f.violations[0]
+        lines.append(f"VIOLATION {title(v.invariant)} at the {f.level} level")
+        lines.append(f"  {v.message}")
+        lines.append(f"  state: {v.excerpt}")
+        lines.append(f"  {len(f.steps)} steps (Hypothesis shrank to {f.shrunk_steps})"
+                     + ("" if f.minimal is None else f", minimal: {str(f.minimal).lower()}") + ":")
+        lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
+        lines.append(f"  repro: {f.repro}")
+    for f in report.robustness:
+        v = f.violations[0]
+        lines.append(f"robustness: {v.invariant}: {v.message} ({len(f.steps)} steps; repro: {f.repro})")
+    lines.append(f"verdict: {report.verdict}")
+    return "\n".join(lines)

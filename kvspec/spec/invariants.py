@@ -1,0 +1,376 @@
+"""The invariant catalogue: stable ids, what each one means, and its check.
+
+Every check reads one ``StepContext`` (the op just run, the target's observation
+before and after, the reference model after, what the target returned and what the
+model expected) and returns a list of ``Violation``. ``check_step`` runs them all
+and orders the result by ``PRIORITY``: the most specific finding first, the
+symptoms (wrong KV, wrong order) last, so a report names the cause.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from kvspec.spec.config import Config
+from kvspec.spec.model import CacheModel, PoolModel
+from kvspec.spec.observation import Observation
+from kvspec.spec.ops import Admit, Alloc, Lookup, Op, Reset, Step
+from kvspec.spec.shadow import HashMap, ShadowKV
+from kvspec.spec.violation import Violation
+
+CATALOGUE: dict[str, str] = {
+    "I1": "A non-null block is in the free queue iff its ref_cnt is 0; no duplicates; links agree with the walk.",
+    "I2": "A held block id never changes under its request; tables are append-only; held blocks are never deduplicated.",
+    "I3": "Only full blocks carry a hash or appear in the index; a held block's hash is set once.",
+    "I4": "A cached block with ref 0 stays in the queue and the index until allocation pops it or touch revives it.",
+    "ACCOUNTING": "The free count equals the queue length and the number of non-null ref-0 blocks; ref counts equal holders, never negative.",
+    "INDEX_CONSISTENT": "Every index entry h -> b has b.hash == h, and every hashed block is in the index.",
+    "HASH_CHAIN": "A block's hash covers every token of every block before it (and the extra keys): equal hash iff equal prefix.",
+    "EVICTION_ORDER": "The free queue order, and so which blocks allocation returns, equals the reference model's policy.",
+    "NULL_BLOCK": "Block 0 is reserved: never handed out, queued, hashed or counted.",
+    "KV_INTEGRITY": "Every KV slot a request reads holds KV computed for exactly that request's token prefix.",
+    "MAX_HIT": "A prefix hit is block-aligned, contiguous from block 0, and never covers the whole prompt.",
+    "NO_LEAK": "With no request running every block is free; admission fails only when blocks really are too few.",
+    "ATOMIC_REJECT": "A misuse is rejected with a documented error and leaves the observed state unchanged.",
+    "NO_CRASH": "A valid operation never raises.",
+}
+# The four numbered invariants also have names; the others are their own name.
+NAMES: dict[str, str] = {"I1": "QUEUE_IFF_FREE", "I2": "STABLE_IDS", "I3": "FULL_ONLY", "I4": "CACHED_EVICTABLE"}
+
+
+def title(invariant: str) -> str:
+    """``I4 CACHED_EVICTABLE`` style label; ids and names are stable."""
+    name = NAMES.get(invariant, "")
+    return invariant if name in ("", invariant) else f"{invariant} {name}"
+
+
+PRIORITY = [
+    "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "I1", "HASH_CHAIN", "MAX_HIT", "INDEX_CONSISTENT",
+    "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
+]
+
+
+@dataclass
+class StepContext:
+    op: Op
+    config: Config
+    traits: Any
+    prev: Observation
+    obs: Observation
+    model: Any                      # PoolModel or CacheModel, after the op
+    misuse: Optional[str] = None    # why the op is a misuse, or None
+    error: Optional[BaseException] = None
+    result: Any = None
+    expected: Any = None
+    shadow: Optional[ShadowKV] = None
+    hashes: Optional[HashMap] = None
+
+    @property
+    def pool(self) -> PoolModel:
+        return self.model.pool if isinstance(self.model, CacheModel) else self.model
+
+    @property
+    def comparable(self) -> bool:
+        """Can the model's state be compared with the target's after this step?
+
+        Not when the op was a misuse or raised, nor when the target already decided
+        differently from the model (other blocks allocated, an admission refused):
+        then the one check that owns that decision reports it, and comparing the
+        rest would only repeat it as noise."""
+        if self.misuse is not None or self.error is not None:
+            return False
+        if isinstance(self.op, (Alloc, Admit)):
+            return self.result == self.expected
+        if isinstance(self.op, Step):
+            return (_refused(self.result)) == (_refused(self.expected))
+        return True
+
+    def v(self, inv: str, message: str, blocks=(), requests=()) -> Violation:
+        return Violation(inv, message, self.obs.excerpt(blocks, requests))
+
+
+Check = Callable[[StepContext], list[Violation]]
+CHECKS: list[Check] = []
+
+
+def check(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+def _refused(result: Any) -> bool:
+    """Admit and Step results: None / False mean refused (0 hit tokens is a success)."""
+    return result is None or result is False
+
+
+def _valid(ctx: StepContext) -> bool:
+    return ctx.misuse is None and ctx.error is None
+
+
+@check
+def no_crash(ctx: StepContext) -> list[Violation]:
+    if ctx.misuse is None and ctx.error is not None:
+        e = ctx.error
+        return [ctx.v("NO_CRASH", f"{ctx.op!r} is valid here but the target raised {type(e).__name__}: {e}")]
+    return []
+
+
+@check
+def atomic_reject(ctx: StepContext) -> list[Violation]:
+    if ctx.misuse is None:
+        return []
+    if ctx.error is None:
+        return [ctx.v("ATOMIC_REJECT", f"{ctx.op!r} is a misuse ({ctx.misuse}) but the target accepted it")]
+    out = []
+    documented = ctx.traits.misuse_errors
+    if documented and not isinstance(ctx.error, documented):
+        out.append(ctx.v("ATOMIC_REJECT", f"{ctx.op!r} ({ctx.misuse}) raised {type(ctx.error).__name__}, "
+                                          f"not one of the documented errors"))
+    if _state(ctx.obs) != _state(ctx.prev):
+        out.append(ctx.v("ATOMIC_REJECT", f"{ctx.op!r} ({ctx.misuse}) was rejected but changed the state "
+                                          f"(before: {ctx.prev.excerpt()})"))
+    return out
+
+
+def _state(o: Observation):
+    return (o.blocks, o.queue, tuple(sorted((repr(k), v) for k, v in o.index.items())), o.free_count,
+            tuple(sorted(o.requests.items())))
+
+
+@check
+def null_block(ctx: StepContext) -> list[Violation]:
+    n = ctx.obs.null_block
+    if n is None:
+        return []
+    out = []
+    if n in ctx.obs.queue:
+        out.append(ctx.v("NULL_BLOCK", f"the null block {n} is in the free queue", [n]))
+    if ctx.obs.blocks[n].hash is not None or any(n in ids for ids in ctx.obs.index.values()):
+        out.append(ctx.v("NULL_BLOCK", f"the null block {n} carries a hash", [n]))
+    if isinstance(ctx.op, Alloc) and isinstance(ctx.result, tuple) and n in ctx.result:
+        out.append(ctx.v("NULL_BLOCK", f"allocation handed out the null block {n}", [n]))
+    for rid, rs in ctx.obs.requests.items():
+        if n in rs.table:
+            out.append(ctx.v("NULL_BLOCK", f"request {rid} holds the null block {n}", [n], [rid]))
+    return out
+
+
+@check
+def queue_iff_free(ctx: StepContext) -> list[Violation]:
+    o = ctx.obs
+    out = [ctx.v("I1", f"the free queue is corrupt: {p}") for p in o.queue_problems]
+    dup = [b for b, c in Counter(o.queue).items() if c > 1]
+    if dup:
+        out.append(ctx.v("I1", f"block {dup[0]} appears {Counter(o.queue)[dup[0]]} times in the free queue", dup))
+    for b in o.usable_ids():
+        s = o.blocks[b]
+        if s.queued and s.ref != 0:
+            out.append(ctx.v("I1", f"block {b} has ref_cnt {s.ref} but is in the free queue", [b]))
+        elif not s.queued and s.ref == 0:
+            out.append(ctx.v("I1", f"block {b} has ref_cnt 0 but is not in the free queue", [b]))
+    return out
+
+
+@check
+def accounting(ctx: StepContext) -> list[Violation]:
+    o, out = ctx.obs, []
+    zero = sum(1 for b in o.usable_ids() if o.blocks[b].ref == 0)
+    if o.free_count != len(o.queue) or o.free_count != zero:
+        out.append(ctx.v("ACCOUNTING", f"the free count is {o.free_count} but the queue holds {len(o.queue)} "
+                                       f"and {zero} blocks have ref_cnt 0"))
+    neg = [b for b in o.usable_ids() if o.blocks[b].ref < 0]
+    if neg:
+        out.append(ctx.v("ACCOUNTING", f"block {neg[0]} has a negative ref_cnt {o.blocks[neg[0]].ref}", neg[:1]))
+    if o.requests or isinstance(ctx.model, CacheModel):
+        holders = Counter(b for rs in o.requests.values() for b in rs.table)
+        what = "tables that hold it"
+    elif ctx.comparable:
+        holders = Counter({b: r for b, r in enumerate(ctx.pool.ref) if r})
+        what = "holders"
+    else:
+        holders, what = None, ""
+    for b in (o.usable_ids() if holders is not None else ()):
+        if b not in neg:
+            if o.blocks[b].ref != holders.get(b, 0):
+                out.append(ctx.v("ACCOUNTING", f"block {b} has ref_cnt {o.blocks[b].ref} but {holders.get(b, 0)} {what}", [b]))
+                break
+    if _valid(ctx) and isinstance(ctx.op, Reset) and ctx.result != ctx.expected:
+        out.append(ctx.v("ACCOUNTING", f"reset_prefix_cache returned {ctx.result}; expected {ctx.expected}"))
+    if _valid(ctx) and isinstance(ctx.op, (Admit, Step)) and _refused(ctx.expected) and not _refused(ctx.result):
+        out.append(ctx.v("ACCOUNTING", f"{ctx.op!r} was admitted although too few blocks were free", requests=[ctx.op.req]))
+    return out
+
+
+@check
+def index_consistent(ctx: StepContext) -> list[Violation]:
+    o, out = ctx.obs, []
+    for h, ids in o.index.items():
+        for b in ids:
+            if not 0 <= b < len(o.blocks) or o.blocks[b].hash != h:
+                out.append(ctx.v("INDEX_CONSISTENT", f"the index maps hash {o.short_hash(h)} to block {b}, "
+                                                     f"whose hash is {o.short_hash(o.blocks[b].hash) if 0 <= b < len(o.blocks) else '?'}", [b]))
+                return out
+    for b in o.usable_ids():
+        h = o.blocks[b].hash
+        if h is not None and b not in o.index.get(h, ()):
+            out.append(ctx.v("INDEX_CONSISTENT", f"block {b} has hash {o.short_hash(h)} but is not in the index", [b]))
+            break
+    return out
+
+
+@check
+def hash_chain(ctx: StepContext) -> list[Violation]:
+    if ctx.hashes is None or not ctx.comparable:
+        return []
+    o, pool = ctx.obs, ctx.pool
+    for b in o.usable_ids():
+        h, key = o.blocks[b].hash, pool.hash[b] if b < len(pool.hash) else None
+        if h is not None and key is not None:
+            problem = ctx.hashes.pair(h, key)
+            if problem:
+                return [ctx.v("HASH_CHAIN", f"block {b}: {problem}", [b])]
+    return []
+
+
+@check
+def full_only(ctx: StepContext) -> list[Violation]:
+    o, out = ctx.obs, []
+    bs = ctx.config.block_size
+    for rid, rs in o.requests.items():
+        for i, b in enumerate(rs.table):
+            if 0 <= b < len(o.blocks) and o.blocks[b].hash is not None and (i + 1) * bs > rs.computed:
+                out.append(ctx.v("I3", f"block {b} (block {i} of {rid}) is hashed but holds only "
+                                       f"{max(rs.computed - i * bs, 0)} of {bs} computed tokens", [b], [rid]))
+                return out
+    for b in o.usable_ids():
+        before, now = ctx.prev.blocks[b], o.blocks[b]
+        if before.ref > 0 and now.ref > 0 and before.hash is not None and now.hash != before.hash:
+            out.append(ctx.v("I3", f"held block {b} changed its hash from {o.short_hash(before.hash)} to "
+                                   f"{o.short_hash(now.hash)}", [b]))
+            break
+    return out
+
+
+@check
+def cached_evictable(ctx: StepContext) -> list[Violation]:
+    if not _valid(ctx):
+        return []
+    if isinstance(ctx.op, Lookup) and (ctx.result is None) != (ctx.expected is None):
+        return [ctx.v("I4", f"lookup of {ctx.op.hash!r} returned {ctx.result}; the cache holds {ctx.expected}")]
+    if isinstance(ctx.op, Admit) and isinstance(ctx.result, int) and isinstance(ctx.expected, int) \
+            and ctx.result < ctx.expected:
+        return [ctx.v("I4", f"{ctx.op.req} hit {ctx.result} tokens but {ctx.expected} were cached", requests=[ctx.op.req])]
+    if not ctx.comparable:
+        return []
+    o, pool = ctx.obs, ctx.pool
+    for b in o.usable_ids():
+        has, should = o.blocks[b].hash is not None, pool.hash[b] is not None
+        if has and not should:
+            why = "was popped by allocation" if pool.ref[b] > 0 else "was evicted or reset"
+            return [ctx.v("I4", f"block {b} {why} but still carries its hash, so it can still be hit", [b])]
+        if should and not has:
+            state = "free" if pool.ref[b] == 0 else "held"
+            return [ctx.v("I4", f"cached block {b} ({state}) lost its hash before being evicted", [b])]
+    return []
+
+
+@check
+def max_hit(ctx: StepContext) -> list[Violation]:
+    if not (_valid(ctx) and isinstance(ctx.op, Admit) and isinstance(ctx.result, int)):
+        return []
+    bs, rid = ctx.config.block_size, ctx.op.req
+    n = len(ctx.model.reqs[rid].tokens)
+    if ctx.result % bs:
+        return [ctx.v("MAX_HIT", f"{rid} hit {ctx.result} tokens, not a multiple of the block size {bs}", requests=[rid])]
+    if ctx.result >= n:
+        return [ctx.v("MAX_HIT", f"{rid} hit all {n} prompt tokens; at least the last must be computed", requests=[rid])]
+    if isinstance(ctx.expected, int) and ctx.result > ctx.expected:
+        return [ctx.v("MAX_HIT", f"{rid} hit {ctx.result} tokens but only {ctx.expected} are cached from block 0",
+                      requests=[rid])]
+    return []
+
+
+@check
+def no_leak(ctx: StepContext) -> list[Violation]:
+    if not _valid(ctx):
+        return []
+    o = ctx.obs
+    if isinstance(ctx.op, (Admit, Step)) and _refused(ctx.result) and not _refused(ctx.expected):
+        return [ctx.v("NO_LEAK", f"{ctx.op!r} was refused although enough blocks were free or reclaimable",
+                      requests=[ctx.op.req])]
+    quiet = not ctx.model.running() if isinstance(ctx.model, CacheModel) else not ctx.pool.held()
+    if quiet:
+        held = [b for b in o.usable_ids() if o.blocks[b].ref != 0]
+        if held:
+            return [ctx.v("NO_LEAK", f"nothing is held but block {held[0]} has ref_cnt {o.blocks[held[0]].ref}", held[:1])]
+    return []
+
+
+@check
+def stable_ids(ctx: StepContext) -> list[Violation]:
+    if not isinstance(ctx.model, CacheModel) or not ctx.comparable:
+        return []
+    o = ctx.obs
+    for rid, rs in o.requests.items():
+        before = ctx.prev.requests.get(rid)
+        if before is not None and tuple(rs.table[: len(before.table)]) != tuple(before.table):
+            return [ctx.v("I2", f"{rid}'s block table changed under it: {list(before.table)} -> {list(rs.table)}",
+                          requests=[rid])]
+    owners: dict[int, list[str]] = {}
+    for rid, rs in o.requests.items():
+        for b in rs.table:
+            owners.setdefault(b, []).append(rid)
+    for b, rids in owners.items():
+        for rid in rids:
+            q = ctx.model.reqs.get(rid)
+            if len(rids) > 1 and q is not None and b not in q.table:
+                return [ctx.v("I2", f"block {b} is shared by {' and '.join(rids)}, but {rid} computed its own copy "
+                                    f"(held blocks are never deduplicated)", [b], rids)]
+    return []
+
+
+@check
+def eviction_order(ctx: StepContext) -> list[Violation]:
+    if not _valid(ctx):
+        return []
+    o, pool = ctx.obs, ctx.pool
+    if isinstance(ctx.op, Alloc) and ctx.result != ctx.expected:
+        return [ctx.v("EVICTION_ORDER", f"allocation returned blocks {list(ctx.result or ())}; "
+                                        f"the policy gives {list(ctx.expected or ())}")]
+    if not ctx.comparable:
+        return []
+    if list(o.queue) != pool.queue:
+        return [ctx.v("EVICTION_ORDER", f"the free queue is {list(o.queue)}; the policy gives {pool.queue}")]
+    if isinstance(ctx.model, CacheModel):
+        for rid, rs in o.requests.items():
+            q = ctx.model.reqs.get(rid)
+            if q is not None and list(rs.table) != q.table:
+                return [ctx.v("EVICTION_ORDER", f"{rid} got blocks {list(rs.table)}; the policy gives {q.table}",
+                              requests=[rid])]
+    return []
+
+
+@check
+def kv_integrity(ctx: StepContext) -> list[Violation]:
+    if ctx.shadow is None or not isinstance(ctx.model, CacheModel) or not _valid(ctx):
+        return []
+    for rid, rs in ctx.obs.requests.items():
+        q = ctx.model.reqs.get(rid)
+        if q is None:
+            continue
+        p = ctx.shadow.first_bad(rs.table, q.tokens, rs.computed)
+        if p is not None:
+            b = rs.table[p // ctx.config.block_size]
+            return [ctx.v("KV_INTEGRITY", f"{rid} reads token {p} from block {b}, which holds KV of another prefix",
+                          [b], [rid])]
+    return []
+
+
+def check_step(ctx: StepContext) -> list[Violation]:
+    found: list[Violation] = []
+    for fn in CHECKS:
+        found.extend(fn(ctx))
+    return sorted(found, key=lambda v: PRIORITY.index(v.invariant))
+
+

@@ -1,0 +1,158 @@
+"""Loading a nano-vllm-style package's block manager without running its package
+``__init__`` (which imports torch models and GPU-only libraries), optionally with a
+patch applied to temporary copies of its files.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Iterator, Mapping, Optional, Sequence as Seq
+
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
+from kvspec.targets.base import TargetError
+
+
+# -- importing with patched files ------------------------------------------------------
+class _Overlay(importlib.abc.MetaPathFinder):
+    def __init__(self, files: Mapping[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(self, name, path=None, target=None):
+        f = self.files.get(name)
+        if f is None:
+            return None
+        pkg = [str(f.parent)] if f.name == "__init__.py" else None
+        return importlib.util.spec_from_file_location(name, f, submodule_search_locations=pkg)
+
+
+@contextlib.contextmanager
+def import_overlay(files: Mapping[str, Path], sys_path: Seq[str] = ()) -> Iterator[None]:
+    """For the ``with`` body, module name -> source file ``files`` are imported afresh
+    from those files under their real names; afterwards ``sys.modules`` (and the parent
+    packages' attributes) hold exactly what they held before, so the fresh modules live
+    on only through the objects taken from them."""
+    saved = {n: sys.modules.pop(n) for n in list(files) if n in sys.modules}
+    parents = {}
+    for n in files:
+        parent, _, child = n.rpartition(".")
+        if parent in sys.modules:
+            parents[(parent, child)] = getattr(sys.modules[parent], child, _MISSING)
+    finder = _Overlay(files)
+    sys.meta_path.insert(0, finder)
+    sys.path[:0] = list(sys_path)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for p in sys_path:
+            sys.path.remove(p)
+        for n in files:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+        for (parent, child), value in parents.items():
+            mod = sys.modules.get(parent)
+            if mod is None:
+                continue
+            if value is _MISSING:
+                mod.__dict__.pop(child, None)
+            else:
+                setattr(mod, child, value)
+
+
+_MISSING = object()
+
+
+def patched_files(root: Path, prefix: str, diff_text: str, alias: str) -> dict[str, Path]:
+    """Apply ``diff_text`` (paths relative to ``root``, all under ``prefix``) to copies of
+    the files it names; return repository path -> patched copy in kvspec's temp dir."""
+    from kvspec.targets.patched import _tmp_dir
+
+    for fp in parse_unified_diff(diff_text):
+        if not fp.path.startswith(prefix):
+            raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to {root})")
+
+    def read(rel: str) -> str:
+        f = root / rel
+        if not f.is_file():
+            raise FileNotFoundError(rel)
+        return f.read_text()
+
+    dest = _tmp_dir() / f"{alias}_{hashlib.sha1(diff_text.encode()).hexdigest()[:10]}"
+    out = {}
+    for rel, text in apply_unified_diff(diff_text, read).items():
+        f = dest / rel
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(text)
+        out[rel] = f
+    return out
+
+
+def module_name(rel: str) -> str:
+    """``a/b/c.py`` -> ``a.b.c``; ``a/b/__init__.py`` -> ``a.b``."""
+    parts = rel[:-3].split("/") if rel.endswith(".py") else rel.split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# -- loading nano-vllm without its __init__ -------------------------------------------
+@contextlib.contextmanager
+def _stub_packages(package: str, pkg_dir: Path) -> Iterator[None]:
+    added = []
+    for name, d in ((package, pkg_dir), (f"{package}.engine", pkg_dir / "engine")):
+        if name not in sys.modules:
+            stub = types.ModuleType(name, "kvspec stand-in: the real __init__ is not run")
+            stub.__path__ = [str(d)]
+            sys.modules[name] = stub
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+def package_dir(package: str) -> Path:
+    mod = sys.modules.get(package)
+    if mod is not None and getattr(mod, "__path__", None):
+        return Path(list(mod.__path__)[0])
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise TargetError(f"target nanovllm:{package}: package {package!r} is not installed "
+                          f"(pip install nano-vllm-fork --no-deps)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def load_nano(package: str = "nanovllm", patch_text: Optional[str] = None) -> tuple[type, type]:
+    """(BlockManager, Sequence) from ``PACKAGE.engine``, patched if ``patch_text``."""
+    pkg_dir = package_dir(package)
+    bm_name, seq_name = f"{package}.engine.block_manager", f"{package}.engine.sequence"
+    if not (pkg_dir / "engine" / "block_manager.py").is_file():
+        raise TargetError(f"target nanovllm:{package}: {pkg_dir}/engine/block_manager.py does not exist")
+    try:
+        with _stub_packages(package, pkg_dir):
+            if patch_text is None:
+                bm, seq = importlib.import_module(bm_name), importlib.import_module(seq_name)
+            else:
+                files = {module_name(rel): f for rel, f in
+                         patched_files(pkg_dir.parent, f"{package}/", patch_text, f"nanovllm_{package}").items()}
+                # Re-run both entry modules even when unpatched, so they bind the patched ones.
+                files.setdefault(seq_name, pkg_dir / "engine" / "sequence.py")
+                files.setdefault(bm_name, pkg_dir / "engine" / "block_manager.py")
+                with import_overlay(files):
+                    seq, bm = importlib.import_module(seq_name), importlib.import_module(bm_name)
+    except (TargetError, PatchError, SyntaxError):
+        raise
+    except Exception as e:  # ImportError of a dependency (xxhash, numpy), or the module's own failure
+        raise TargetError(f"target nanovllm:{package}: cannot import {bm_name}: {type(e).__name__}: {e}") from None
+    for mod, attr in ((bm, "BlockManager"), (seq, "Sequence")):
+        if not isinstance(getattr(mod, attr, None), type):
+            raise TargetError(f"target nanovllm:{package}: {mod.__name__} defines no class {attr}")
+    return bm.BlockManager, seq.Sequence
