@@ -9,6 +9,7 @@ from .errors import (
     ForeignBlockError,
     HashAlreadySetError,
     InvalidCountError,
+    KVCacheError,
     NullBlockError,
     OutOfBlocksError,
     PartialBlockError,
@@ -32,6 +33,17 @@ class BlockPool:
 
     Every misuse raises a ``KVCacheError`` subclass before any state changes.
     """
+
+    # The policies kvspec checks this pool against: declared, never read off the code
+    # (see kvspec.targets.policies). Freed blocks go to the back, hashed or not.
+    kvspec_traits = {
+        "prefix_caching": "both", "free_order": "lru_tail_first", "unhashed_free_first": False,
+        "whole_prompt_hits": False, "null_block": 0,
+        # one class per kind where a call can misuse only one way; KVCacheError for the rest
+        "misuse_errors": {"bad_count": InvalidCountError, "over_alloc": OutOfBlocksError,
+                          "double_free": DoubleFreeError, "free_unheld": DoubleFreeError,
+                          "null_block": NullBlockError, "foreign_free": ForeignBlockError, "*": KVCacheError},
+    }
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = True) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 1:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from .errors import InvalidCountError
-from .hashing import HASH_FUNCTIONS, HashFn, hash_block_tokens
+from .hashing import HASH_FUNCTIONS, HashFn
 from .kv_cache_manager import Request
 
 
@@ -107,11 +107,13 @@ class KeyedRequest(Request):
         self.num_spec_tokens = 0
         return dropped
 
-    def _update_hashes(self) -> None:
-        tokens = self.all_token_ids
-        bs = self.block_size
-        while (len(self.block_hashes) + 1) * bs <= len(tokens):
-            i = len(self.block_hashes)
-            parent = self.block_hashes[-1] if self.block_hashes else None
-            self.block_hashes.append(hash_block_tokens(self.hash_fn, parent, tokens[i * bs:(i + 1) * bs],
-                                                       self.extra.block_extra_keys(i, bs)))
+    # ``Request._update_hashes`` hashes block i = len(block_hashes) with ``self.extra_keys``:
+    # answering with that block's own keys keeps one hashing loop for every request.
+    @property
+    def extra_keys(self) -> Optional[tuple]:
+        return self.extra.block_extra_keys(len(self.block_hashes), self.block_size)
+
+    @extra_keys.setter
+    def extra_keys(self, value: Optional[tuple]) -> None:
+        if value is not None:
+            raise ValueError("a KeyedRequest takes its extra keys as ExtraKeys (extra=...)")

@@ -166,6 +166,8 @@ class HybridKVCacheManager:
         behind it the null block."""
         bs = self.block_size
         for g, spec in enumerate(self.groups):
+            if spec.num_skipped_tokens(total_computed) >= total_computed:
+                continue  # no connector token is read in this group: its block comes with the new ones
             table = self.req_to_blocks[rid][g]
             skipped = spec.num_skipped_tokens(total_computed) // bs
             if len(table) < skipped:

@@ -84,6 +84,12 @@ class Request:
 class KVCacheManager:
     """The interface a scheduler uses: prefix lookup, slot allocation, free."""
 
+    # Its pool's declared policies (``free`` hands a request's blocks over tail first,
+    # which is what "lru_tail_first" says), and the errors of its own misuses.
+    kvspec_traits = {**BlockPool.kvspec_traits,
+                     "misuse_errors": {**BlockPool.kvspec_traits["misuse_errors"],
+                                       "unknown_request": UnknownRequestError, "not_running": UnknownRequestError}}
+
     def __init__(
         self,
         num_gpu_blocks: int,

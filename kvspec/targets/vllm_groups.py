@@ -1,0 +1,217 @@
+"""vLLM's ``KVCacheManager`` with several KV-cache groups (``--kv-groups``), chunked
+prefill, draft tokens, extra keys, connector tokens and the ``max_model_len`` cap.
+
+``build_kv_cache_config`` turns a spec string (``"full,swa:4"``) into a real
+``KVCacheConfig``: one ``KVCacheGroupSpec`` per group, each with its real spec class
+(``FullAttentionSpec``, ``SlidingWindowSpec``, ``ChunkedLocalAttentionSpec``), all in
+one pool of ``num_blocks`` blocks. ``KVCacheManager`` then picks its own coordinator
+(unitary for one group, hybrid for several, no-prefix-cache with caching off).
+
+``VllmGroupsCacheDriver`` plays vLLM's scheduler (``vllm/v1/core/sched/scheduler.py``)
+over that manager, on real ``vllm.v1.request.Request`` objects:
+- Admit: ``get_computed_blocks``, then ``allocate_slots(req, chunk,
+  num_new_computed_tokens=hit, new_computed_blocks=blocks,
+  num_external_computed_tokens=ext)``;
+- Prefill: ``allocate_slots(req, n)`` for the next chunk;
+- Step: append the sampled token, set ``req.spec_token_ids`` to the drafts and
+  allocate ``num_tokens_with_spec - num_computed_tokens`` slots (the scheduler's way:
+  drafts are scheduled tokens, which ``allocate_slots`` never caches past
+  ``req.num_tokens``);
+- Verify: append the accepted drafts, roll ``num_computed_tokens`` back past the
+  rejected ones (``update_from_output``), clear ``spec_token_ids``;
+- Preempt / Finish: ``free`` (and the scheduler's resets).
+Where the scheduler itself never schedules a request (past ``max_model_len``), the
+driver refuses without calling the manager, as the scheduler does.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from kvspec.errors import TargetError
+from kvspec.spec.config import Config
+from kvspec.spec.observation import Observation, RequestState
+from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
+from kvspec.targets.base import Driver
+from kvspec.targets.v1_driver import observe_pool
+
+UNCAPPED = 1 << 20  # max_model_len when the Config sets none: no kvspec sequence comes near it
+
+
+def parse_spec(spec: str) -> list[tuple[str, int]]:
+    """``"full,swa:4"`` -> ``[("full", 0), ("swa", 4)]``; TargetError on anything else."""
+    out = []
+    for part in (spec or "").split(","):
+        kind, _, arg = part.strip().partition(":")
+        if kind in ("full", "mamba") and not arg:
+            out.append((kind, 0))
+        elif kind in ("swa", "chunked") and arg.isdigit() and int(arg) >= 1:
+            out.append((kind, int(arg)))
+        else:
+            raise TargetError(f"vllm: bad kv group {part.strip()!r} in {spec!r}: expected full, swa:W, chunked:C")
+    return out
+
+
+def _group_spec(iface: Any, kind: str, size: int, block_size: int) -> Any:
+    import torch  # already imported by vLLM; the specs' dtype needs it
+
+    common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    if kind == "full":
+        return iface.FullAttentionSpec(**common)
+    if kind == "swa":
+        return iface.SlidingWindowSpec(**common, sliding_window=size)
+    if kind == "chunked":
+        return iface.ChunkedLocalAttentionSpec(**common, attention_chunk_size=size)
+    # MambaSpec constructs on the CPU, but kvspec's reference model describes no state
+    # overwritten in place, so there is nothing to compare a Mamba group with.
+    raise TargetError("vllm: kv group 'mamba' is not supported (the reference model has no Mamba state)")
+
+
+def build_kv_cache_config(spec: str, num_blocks: int, block_size: int, iface: Optional[Any] = None) -> Any:
+    """A real ``KVCacheConfig``: one ``KVCacheGroupSpec`` (one layer each) per group of
+    ``spec``, all sharing one pool of ``num_blocks`` blocks of ``block_size`` tokens."""
+    if iface is None:
+        from vllm.v1 import kv_cache_interface as iface  # type: ignore[no-redef]
+    groups = [iface.KVCacheGroupSpec([f"model.layers.{i}.attn"], _group_spec(iface, kind, size, block_size))
+              for i, (kind, size) in enumerate(parse_spec(spec))]
+    return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def build_manager(manager_mod: Any, kv_config: Any, block_size: int, caching: bool,
+                  max_model_len: Optional[int] = None) -> Any:
+    """``KVCacheManager`` over ``kv_config``, hashing at the one block size all groups share."""
+    return manager_mod.KVCacheManager(kv_config, max_model_len=max_model_len or UNCAPPED,
+                                      scheduler_block_size=block_size, hash_block_size=block_size,
+                                      enable_caching=caching)
+
+
+def parse_extra(label: Optional[str]) -> dict:
+    """An Admit's extra keys (``lora:A;salt:s;mm:X@2[+L]``) -> Request keyword arguments."""
+    if not label:
+        return {}
+    from vllm.lora.request import LoRARequest
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    out: dict = {}
+    mm = []
+    for item in label.split(";"):
+        kind, _, value = item.partition(":")
+        if kind == "lora" and value:
+            # The path follows the name: one adapter per name, as kvspec's model has it.
+            out["lora_request"] = LoRARequest(value, 1 + sum(map(ord, value)), f"/kvspec/lora/{value}")
+        elif kind == "salt" and value:
+            out["cache_salt"] = value
+        elif kind == "mm" and "@" in value:
+            h, _, where = value.partition("@")
+            off, _, length = where.partition("+")
+            if not h or not off.isdigit() or (length and not length.isdigit()):
+                raise ValueError(f"bad multimodal key {item!r}")
+            mm.append(MultiModalFeatureSpec(data=None, modality="image", identifier=h,
+                                            mm_position=PlaceholderRange(int(off), int(length or 1))))
+        else:
+            raise ValueError(f"bad extra key {item!r}")
+    if mm:
+        out["mm_features"] = sorted(mm, key=lambda f: f.mm_position.offset)  # vLLM assumes offset order
+    return out
+
+
+class VllmGroupsCacheDriver(Driver):
+    """Plays vLLM's scheduler over a ``KVCacheManager`` built from ``config.kv_groups``."""
+
+    def __init__(self, up: Any, config: Config) -> None:
+        self.up = up
+        self.bs = config.block_size
+        self.max_len = getattr(config, "max_model_len", None)
+        kv_config = build_kv_cache_config(getattr(config, "kv_groups", "full") or "full", config.num_blocks,
+                                          config.block_size, up.interface)
+        self.mgr = build_manager(up.manager, kv_config, config.block_size, config.caching, self.max_len)
+        self.num_groups = len(kv_config.kv_cache_groups)
+        self.hasher = up.utils.get_request_block_hasher(config.block_size, up.hash_fn)
+        self.status = up.request.RequestStatus
+        self.reqs: dict[str, Any] = {}
+        self.running: set[str] = set()
+
+    def _new_request(self, rid: str, prompt, extra: Optional[str]) -> Any:
+        try:
+            kw = parse_extra(extra)
+        except ValueError as e:
+            raise TargetError(f"vllm: {e}") from None
+        return self.up.request.Request(rid, list(prompt), self.up.sampling, None, block_hasher=self.hasher, **kw)
+
+    def _capped(self, tokens: int) -> bool:
+        return self.max_len is not None and tokens > self.max_len
+
+    def apply(self, op: Op) -> Any:
+        m = self.mgr
+        if isinstance(op, Admit):
+            req = self.reqs.get(op.req) if op.prompt is None else self._new_request(op.req, op.prompt, op.extra)
+            if req is None:
+                raise KeyError(f"no waiting request {op.req}")
+            self.reqs[op.req] = req
+            hits, num_hit, _ = m.get_computed_blocks(req)
+            n = req.num_tokens
+            ext = max(0, min(op.external, n - 1 - num_hit))   # a connector never supplies the last token
+            new = n - num_hit - ext if op.chunk is None else min(op.chunk, n - num_hit - ext)
+            if self._capped(num_hit + ext + new):
+                return None  # the scheduler never schedules past max_model_len
+            if m.allocate_slots(req, new, num_new_computed_tokens=num_hit, new_computed_blocks=hits,
+                                num_external_computed_tokens=ext) is None:
+                return None
+            req.num_computed_tokens = num_hit + ext + new
+            req.status = self.status.RUNNING
+            self.running.add(op.req)
+            return num_hit
+        if isinstance(op, Prefill):
+            req = self.reqs[op.req]
+            new = min(op.n, req.num_tokens - req.num_computed_tokens)
+            if self._capped(req.num_computed_tokens + new):
+                return False
+            if m.allocate_slots(req, new) is None:
+                return False
+            req.num_computed_tokens += new
+            return True
+        if isinstance(op, Step):
+            req = self.reqs[op.req]
+            req.append_output_token_ids(op.token)  # also hashes any block it fills
+            req.spec_token_ids = list(op.drafts)
+            new = req.num_tokens_with_spec - req.num_computed_tokens
+            if self._capped(req.num_computed_tokens + new) or m.allocate_slots(req, new) is None:
+                req.spec_token_ids = []  # not scheduled: the drafts are dropped
+                return False
+            req.num_computed_tokens += new
+            return True
+        if isinstance(op, Verify):
+            req = self.reqs[op.req]
+            drafts = list(req.spec_token_ids)
+            req.spec_token_ids = []
+            req.num_computed_tokens -= len(drafts) - op.accepted
+            if op.accepted:
+                req.append_output_token_ids(drafts[: op.accepted])
+            return None
+        if isinstance(op, (Preempt, Finish)):
+            # The scheduler frees a request however it ends; free() of one that holds
+            # nothing is a documented no-op.
+            req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
+            m.free(req)
+            self.running.discard(op.req)
+            req.num_computed_tokens = 0
+            req.spec_token_ids = []
+            if isinstance(op, Preempt):
+                req.status = self.status.PREEMPTED
+                req.num_preemptions += 1
+            else:
+                self.reqs.pop(op.req, None)
+            return None
+        raise TypeError(f"{op!r} is not a cache-level op")
+
+    def tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
+        """The request's block table per group (null block included), read without
+        adding entries to the managers' defaultdicts."""
+        return tuple(tuple(b.block_id for b in mgr.req_to_blocks.get(rid, ()))
+                     for mgr in self.mgr.coordinator.single_type_managers)
+
+    def observe(self) -> Observation:
+        reqs = {}
+        for rid in sorted(self.running):
+            t = self.tables(rid)
+            reqs[rid] = RequestState(t[0], self.reqs[rid].num_computed_tokens, t[1:])
+        return observe_pool(self.mgr.block_pool, reqs)
