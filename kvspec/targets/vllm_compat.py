@@ -1,0 +1,218 @@
+"""What differs between vLLM releases (0.8.0, the first with ``vllm/v1/core/block_pool.py``,
+to 0.33.0), found by feature, never by version number: constructor and method
+signatures read with ``inspect``, helpers looked up by name, optional modules
+imported only when the release ships them. The adapter builds every call through
+this one place, so a release it cannot drive fails here with one line naming the
+missing piece (a TargetError), never as a finding against the target.
+
+Differences it covers (first release that has the newer shape in brackets):
+- hashing: builtin ``hash`` (0.8.0), a ``hash_fn`` argument (0.8.3), ``init_none_hash``
+  (0.10.0), ``vllm.utils.get_hash_fn_by_name`` (0.11.0), ``vllm.utils.hashing`` (0.13.0);
+- ``BlockPool(num_gpu_blocks, enable_caching[, hash_block_size])``; a null block (0.8.5);
+- ``cache_full_blocks`` taking the hashes as an argument (to 0.10.x) or reading them
+  off ``request.block_hashes`` (0.11.0), with or without ``kv_cache_group_id``/``hash_fn``;
+- ``get_cached_block(hash)`` -> block, or ``(hash, group_ids)`` -> list of blocks (0.9.2);
+- ``touch(blocks)`` or ``touch((blocks,))``, one list per KV-cache group;
+- ``Request``'s constructor (prompt, multi-modal, pooling and hasher arguments);
+- ``KVCacheManager(block_size, num_gpu_blocks, ...)`` (to 0.8.2) or ``(kv_cache_config, ...)``,
+  ``allocate_slots`` with or without ``num_new_computed_tokens`` (0.9.0), and
+  ``KVCacheConfig``'s field names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import inspect
+from types import ModuleType
+from typing import Any, Callable, Optional
+
+from kvspec.errors import TargetError
+
+MAX_MODEL_LEN = 1 << 20  # no kvspec sequence comes near it: the cap never bites
+GROUP = 0                # the one KV-cache group
+
+
+def params(fn: Callable) -> dict[str, inspect.Parameter]:
+    """The parameters of ``fn`` by name, ``self`` left out."""
+    ps = dict(inspect.signature(fn).parameters)
+    ps.pop("self", None)
+    return ps
+
+
+def call(fn: Callable, what: str, values: dict[str, Any]) -> Any:
+    """``fn(**values)``, passing only the names ``fn`` takes; a required parameter
+    kvspec has no value for is a TargetError naming it."""
+    ps = params(fn)
+    missing = [n for n, p in ps.items() if p.default is p.empty and n not in values
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        raise TargetError(f"vllm: {what} takes {', '.join(missing)}, which the vllm adapter cannot supply")
+    return fn(**{n: v for n, v in values.items() if n in ps})
+
+
+def optional_module(name: str) -> Optional[ModuleType]:
+    """The module if this vLLM ships it (``vllm.utils.hashing`` exists from 0.13.0 only)."""
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except ImportError:
+        return None
+    return importlib.import_module(name)
+
+
+def hash_fn(utils_pkg: ModuleType, hashing: Optional[ModuleType]) -> Optional[Callable]:
+    """vLLM's sha256 block hash function, wherever this release keeps it; None for the
+    releases that hash with builtin ``hash`` and take no hash function."""
+    for mod in (hashing, utils_pkg):
+        if mod is not None and hasattr(mod, "get_hash_fn_by_name"):
+            return mod.get_hash_fn_by_name("sha256")
+    return getattr(utils_pkg, "sha256", None)
+
+
+class Api:
+    """One vLLM family's hashing, Request and KV-cache-config API, as detected. What a
+    pool or manager takes is read off its own class (``pool_api``/``manager_api``), so
+    the same calls drive a user's vLLM-style class."""
+
+    def __init__(self, mods: dict[str, ModuleType]) -> None:
+        self.utils = mods["vllm.v1.core.kv_cache_utils"]
+        self.block_pool = mods["vllm.v1.core.block_pool"]
+        self.manager = mods["vllm.v1.core.kv_cache_manager"]
+        self.request = mods["vllm.v1.request"]
+        self.interface = mods["vllm.v1.kv_cache_interface"]
+        self.sampling = mods["vllm.sampling_params"].SamplingParams(max_tokens=MAX_MODEL_LEN)
+        self.hash_fn = hash_fn(importlib.import_module("vllm.utils"), mods.get("vllm.utils.hashing"))
+        if hasattr(self.utils, "init_none_hash"):
+            # NONE_HASH is a module global of this family's kv_cache_utils; with sha256 it
+            # is a fixed seed, so hashes (and pool-level labels) are stable across processes.
+            self.utils.init_none_hash(self.hash_fn)
+        self._hash_takes_fn = next(iter(params(self.utils.hash_block_tokens))) in ("hash_function", "hash_fn")
+
+    def hash_block_tokens(self, parent: Any, tokens: list[int], extra: tuple) -> Any:
+        args = ([self.hash_fn] if self._hash_takes_fn else []) + [parent, tokens, extra]
+        return self.utils.hash_block_tokens(*args)
+
+    def request_hasher(self, block_size: int) -> Optional[Callable]:
+        """The per-request block hasher for releases whose Request hashes itself (0.11.0+);
+        None where the manager hashes requests (its ``req_to_block_hashes``)."""
+        make = getattr(self.utils, "get_request_block_hasher", None)
+        return None if make is None else make(block_size, self.hash_fn)
+
+    def new_request(self, rid: str, tokens, block_hasher: Optional[Callable] = None) -> Any:
+        return call(self.request.Request, "Request()", {
+            "request_id": rid, "prompt_token_ids": list(tokens), "sampling_params": self.sampling,
+            "prompt": None, "multi_modal_inputs": None, "multi_modal_kwargs": None, "multi_modal_hashes": None,
+            "multi_modal_placeholders": None, "mm_features": None, "pooling_params": None,
+            "eos_token_id": None, "arrival_time": 0.0, "lora_request": None, "block_hasher": block_hasher})
+
+    def kv_cache_config(self, num_blocks: int, block_size: int) -> Any:
+        import torch  # already imported by vLLM; only the spec's dtype needs it
+
+        iface = self.interface
+        spec = call(iface.FullAttentionSpec, "FullAttentionSpec()", {
+            "block_size": block_size, "num_kv_heads": 1, "head_size": 1, "dtype": torch.float32,
+            "use_mla": False, "sliding_window": None})
+        group = iface.KVCacheGroupSpec(["layers.0.attn"], spec)
+        names = {f.name for f in dataclasses.fields(iface.KVCacheConfig)}
+        values: dict[str, Any] = {"num_blocks": num_blocks, "kv_cache_tensors": [], "tensors": {},
+                                  "kv_cache_groups": [group], "groups": [["layers.0.attn"]],
+                                  "kv_cache_spec": {"layers.0.attn": spec}}
+        return iface.KVCacheConfig(**{n: v for n, v in values.items() if n in names})
+
+
+def has_current_manager_api(up: Api) -> bool:
+    """Whether the manager takes ``scheduler_block_size`` and ``hash_block_size`` and
+    Requests hash themselves and get_computed_blocks
+    returns three values (0.26.0 on): what kvspec.targets.vllm_groups builds on."""
+    cls = up.manager.KVCacheManager
+    ps = params(cls)
+    # The groups driver also unpacks get_computed_blocks' three values (0.26.0 on).
+    three = str(inspect.signature(cls.get_computed_blocks).return_annotation).count("int") >= 2
+    return "scheduler_block_size" in ps and "hash_block_size" in ps and \
+        hasattr(up.utils, "get_request_block_hasher") and three
+
+
+def new_pool(cls: type, num_blocks: int, caching: bool, block_size: int) -> Any:
+    return call(cls, "BlockPool()", {"num_gpu_blocks": num_blocks, "enable_caching": caching,
+                                     "hash_block_size": block_size})
+
+
+def new_manager(up: Any, cls: type, num_blocks: int, block_size: int, caching: bool) -> Any:
+    values: dict[str, Any] = {
+        "max_model_len": MAX_MODEL_LEN, "enable_caching": caching, "hash_block_size": block_size,
+        "scheduler_block_size": block_size, "block_size": block_size, "num_gpu_blocks": num_blocks,
+        # 0.8's default preallocates 64 tokens of blocks ahead: a tuning knob kvspec's
+        # model does not have, so it is turned off.
+        "num_preallocate_tokens": 0, "caching_hash_algo": "sha256"}
+    if "kv_cache_config" in params(cls):
+        values["kv_cache_config"] = up.kv_cache_config(num_blocks, block_size)
+    return call(cls, "KVCacheManager()", values)
+
+
+@functools.lru_cache(maxsize=None)
+def pool_api(cls: type) -> tuple[bool, bool, bool]:
+    """(hashes passed to cache_full_blocks, lookup by group ids, touch takes one list per group)."""
+    cache = params(cls.cache_full_blocks)
+    lookup = params(cls.get_cached_block)
+    ann = str(next(iter(params(cls.touch).values())).annotation)
+    return ("block_hashes" in cache, "kv_cache_group_ids" in lookup,
+            ann.startswith("tuple") or ann.startswith("typing.Tuple"))
+
+
+def cache_full_blocks(up: Api, pool: Any, req: Any, blocks: list, hashes: list, block_size: int) -> None:
+    if not pool_api(type(pool))[0]:
+        req.block_hashes = hashes  # the releases whose Request carries its own hashes
+    call(pool.cache_full_blocks, "BlockPool.cache_full_blocks()", {
+        "request": req, "blocks": blocks, "block_hashes": list(hashes), "num_cached_blocks": 0,
+        "num_full_blocks": len(blocks), "block_size": block_size, "kv_cache_group_id": GROUP,
+        "hash_fn": up.hash_fn})
+
+
+def lookup(pool: Any, block_hash: Any) -> Optional[int]:
+    if pool_api(type(pool))[1]:
+        hit = pool.get_cached_block(block_hash, [GROUP])
+        return None if hit is None else hit[0].block_id
+    hit = pool.get_cached_block(block_hash)
+    return None if hit is None else hit.block_id
+
+
+def touch(pool: Any, blocks: list) -> Any:
+    return pool.touch((blocks,) if pool_api(type(pool))[2] else blocks)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(cls: type, method: str, name: str) -> bool:
+    return name in params(getattr(cls, method))
+
+
+def computed_blocks(mgr: Any, req: Any, block_size: int) -> tuple[Any, int]:
+    blocks, num = mgr.get_computed_blocks(req)[:2]
+    if isinstance(blocks, list) and blocks and num >= req.num_tokens:
+        # 0.8's manager returns a whole-prompt hit and its scheduler recomputes the last
+        # block itself (later managers cap the hit): do what that scheduler did.
+        return blocks[:-1], num - block_size
+    return blocks, num
+
+
+def allocate(mgr: Any, req: Any, num_new: int, num_hit: int = 0, hits: Any = None) -> Any:
+    if _takes(type(mgr), "allocate_slots", "num_new_computed_tokens"):
+        return mgr.allocate_slots(req, num_new, num_hit, hits)
+    return mgr.allocate_slots(req, num_new, hits)
+
+
+def release(mgr: Any, req: Any, finished: bool) -> None:
+    mgr.free(req)
+    if finished and hasattr(mgr, "free_block_hashes"):
+        # Releases whose manager keeps each request's hashes drop them when it finishes
+        # (the scheduler's call): a later request reusing the id must not inherit them.
+        mgr.free_block_hashes(req)
+
+
+def req_to_blocks(mgr: Any) -> Any:
+    coord = getattr(mgr, "coordinator", None)
+    if coord is not None:
+        return coord.single_type_managers[GROUP].req_to_blocks
+    single = getattr(mgr, "single_type_manager", None)
+    return (single if single is not None else mgr).req_to_blocks
