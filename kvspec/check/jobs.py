@@ -1,0 +1,69 @@
+"""``kvspec check --jobs N``: N worker processes search with different seeds (``seed``,
+``seed + 1``, ...) and all stop at the first violation any of them finds.
+
+Workers are forked, so the target (already loaded and patched) needs no pickling; each
+runs ``run_check`` with a ``stop`` callback reading one shared event, which a worker
+sets as soon as it has a violation (before minimizing it). The parent sums the
+examples and steps and keeps the first worker's findings (by worker order among those
+that found one, so the report names one repro). With ``--db DIR`` the workers share
+Hypothesis's ``DirectoryBasedExampleDatabase`` (safe between processes): a failure
+found by one is replayed first by every later run pointed at the same directory.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any
+
+from kvspec.check.search import CheckReport, run_check
+from kvspec.errors import UsageError
+from kvspec.targets.base import Target
+
+
+def _worker(i: int, target: Target, spec: str, kw: dict, found: Any, out: Any) -> None:
+    def stop() -> bool:
+        return found.is_set()
+
+    try:
+        report = run_check(target, spec, seed=kw["seed"] + i, stop=stop, **{k: v for k, v in kw.items() if k != "seed"})
+        if report.violations:
+            found.set()
+        out.put((i, report, None))
+    except BaseException as e:  # reported by the parent, in one line
+        found.set()
+        out.put((i, None, f"{type(e).__name__}: {e}"))
+
+
+def run_jobs(target: Target, spec: str, jobs: int, **kw: Any) -> CheckReport:
+    """``run_check`` over ``jobs`` forked workers; the keyword arguments are run_check's."""
+    if "fork" not in mp.get_all_start_methods():
+        raise UsageError("kvspec check: --jobs needs the fork start method (Linux, macOS)")
+    ctx = mp.get_context("fork")
+    found, out = ctx.Event(), ctx.Queue()
+    start = time.monotonic()
+    procs = [ctx.Process(target=_worker, args=(i, target, spec, kw, found, out), daemon=True) for i in range(jobs)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    while len(results) + len(errors) < jobs:
+        i, report, err = out.get()
+        if err:
+            errors.append(f"worker {i}: {err}")
+        else:
+            results[i] = report
+    for p in procs:
+        p.join()
+    if not results:
+        raise RuntimeError("; ".join(errors))
+    first = next((results[i] for i in sorted(results) if results[i].violations), results[min(results)])
+    merged = CheckReport(spec, first.patch, first.levels, first.misuse, kw.get("seed", 0), first.budget,
+                         violations=first.violations, robustness=[f for i in sorted(results)
+                                                                  for f in results[i].robustness],
+                         max_examples=first.max_examples)
+    merged.examples = sum(r.examples for r in results.values())
+    merged.steps = sum(r.steps for r in results.values())
+    merged.seconds = time.monotonic() - start
+    merged.error = "; ".join(errors) or None
+    merged.jobs = jobs  # type: ignore[attr-defined]
+    return merged
