@@ -49,6 +49,32 @@ CONFIGS: dict[str, dict] = {
 }
 
 
+# More configurations, state counts only (once): other domains, more blocks, the
+# whole space; every one must give equal counts too.
+XCHECK = [tr.PoolConfig(4, 0, True), tr.PoolConfig(6, 5, True), tr.PoolConfig(3, 5, True, labels=3),
+          tr.PoolConfig(3, 5, False, labels=3), tr.PoolConfig(3, 5, True, max_set=3),
+          tr.PoolConfig(3, 4, True, max_ref=3), tr.PoolConfig(3, 0, False), tr.PoolConfig(1, 0, False)]
+
+
+def xcheck(jar) -> list[dict]:
+    """State counts of TLC and kvspec on ``XCHECK`` (specs staged in a temporary folder)."""
+    import tempfile
+    out = []
+    for c in XCHECK:
+        with tempfile.TemporaryDirectory(prefix="kvspec-tlc-x-") as d:
+            (Path(d) / f"{tr.SPEC}.tla").write_text((HERE / f"{tr.SPEC}.tla").read_text())
+            t = tr.run_tlc(tr.write_cfg(c, Path(d)), jar=jar)
+        k = tr.run_kvspec(c)
+        row = {"config": c.describe(), "bounds": {"labels": c.labels, "max_ref": c.max_ref, "max_set": c.max_set},
+               "tlc": t.distinct, "tlc_generated": t.generated, "tlc_ok": t.ok, "kvspec": k.get("states"),
+               "kvspec_transitions": k.get("transitions"), "error": k.get("error")}
+        row["equal"] = t.ok and row["tlc"] is not None and row["tlc"] == row["kvspec"]
+        out.append(row)
+        print(f"[compare] xcheck {c.describe()} {row['bounds']}: TLC {t.distinct} kvspec {k.get('states')}",
+              file=sys.stderr)
+    return out
+
+
 def _med(xs: list[float]) -> Optional[float]:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -58,10 +84,10 @@ def _rate(n: Optional[int], s: Optional[float]) -> Optional[float]:
     return n / s if n and s and s > 0 else None
 
 
-def measure(keys: list[str], reps: int, demo: bool) -> dict:
+def measure(keys: list[str], reps: int, demo: bool, xc: bool = True) -> dict:
     jar = tr.ensure_jar(quiet=False)
     cfgs = {k: tr.write_cfg(CONFIGS[k]["config"]) for k in keys}
-    runs: dict = {"startup": [], **{k: {"kvspec": {}, "tlc": {}} for k in keys}, "demo": None}
+    runs: dict = {"startup": [], **{k: {"kvspec": {}, "tlc": {}} for k in keys}, "demo": None, "xcheck": []}
     for rep in range(reps):
         runs["startup"].append(tr.run_tlc(tr.startup_cfg(), spec=tr.STARTUP_SPEC, jar=jar).to_dict())
         for k in keys:
@@ -79,6 +105,8 @@ def measure(keys: list[str], reps: int, demo: bool) -> dict:
                     r = tr.run_tlc(cfgs[k], workers=w, jar=jar).to_dict()
                 runs[k][tool].setdefault(str(w), []).append(r)
                 _say(k, tool, w, rep, r)
+    if xc:
+        runs["xcheck"] = xcheck(jar)
     if demo and "a" in keys:
         r = tr.run_tlc(cfgs["a"], workers=2, jar=jar).to_dict()
         runs["demo"] = r
@@ -142,6 +170,11 @@ def summarize(keys: list[str], runs: dict) -> dict:
             row["ratio_gross"] = kv["per_cpu_s"] / tl["per_cpu_s_gross"]
         row["kvspec_call"] = {w: tr.kvspec_call(c, int(w)) for w in row["kvspec"]}
         out["configs"][k] = row
+    out["xcheck"] = runs.get("xcheck") or []
+    for x in out["xcheck"]:
+        if not x["equal"]:
+            out["mismatches"].append(f"cross-check {x['config']} {x['bounds']}: TLC {x['tlc']} (ok={x['tlc_ok']}), "
+                                     f"kvspec {x['kvspec']} {x['error'] or ''}")
     d = runs.get("demo")
     if d:
         a = out["configs"].get("a", {})
@@ -221,6 +254,11 @@ def render(s: dict, info: dict, reps: int) -> str:
             x = r["tlc"][w]
             L.append(f"| TLC, {w} worker(s) | {x['states']:,} | {_f(x['net_cpu_s'], 2)} | {_f(x['net_own_s'], 2)} | "
                      f"{_f(x['per_wall_s'])} | {_f(x['per_cpu_s'])} |")
+        busy = max(info["load_before"][0], info["load_after"][0]) > (info["cpus"] or 1)
+        L += ["", "Wall-clock rates need the cores free: " + (
+              f"with a load average above {info['cpus']} on {info['cpus']} cores, as in this run, they measure the "
+              "other work on the machine more than the search; rerun on a quiet machine before reading them."
+              if busy else "the load was below the core count during this run.")]
         L += ["", "Without a depth bound the level of a state does not matter, so TLC's 2-worker search "
               "(whose breadth-first order is only approximate) finds exactly the 1-worker states." +
               (" All counts in this table are equal." if r["equal"] else " **They differ here: see above.**"), ""]
@@ -234,6 +272,15 @@ def render(s: dict, info: dict, reps: int) -> str:
               "the queue is not strictly level by level, a state first reached on a longer path gets a larger "
               "level and the bound cuts its successors. kvspec's search is level-synchronous, so its counts do "
               "not depend on workers. Hence multi-worker comparisons use the whole reachable space.", ""]
+    if s.get("xcheck"):
+        L += ["### More configurations, state counts only", "",
+              "| configuration | labels / max_ref / max_set | TLC distinct states | kvspec states | equal |",
+              "|---|---|---|---|---|"]
+        for x in s["xcheck"]:
+            b = x["bounds"]
+            L.append(f"| {x['config']} | {b['labels']} / {b['max_ref']} / {b['max_set']} | {_f(x['tlc'])} | "
+                     f"{_f(x['kvspec'])} | {'yes' if x['equal'] else '**NO**'} |")
+        L.append("")
     L += ["### How the spec matches kvspec mc", "",
           "- **State.** `ref`, `hash`, `queue` (a sequence, head evicted first), `index` (label -> blocks in the "
           "order they were cached) and `hist` (every label ever cached): what `kvspec.mc.canonical.pool_key` keys "
@@ -271,9 +318,13 @@ def render(s: dict, info: dict, reps: int) -> str:
             L.append(f"- ({k}) TLC, {w} worker(s): `{x['command']}`")
         for w, call in sorted(r["kvspec_call"].items()):
             L.append(f"- ({k}) kvspec, {w} worker(s): `{call}`")
-    L += ["- (a) from the command line: `kvspec mc --target impl --level pool --blocks 5 --depth 8` (symmetry is "
-          "on by default); (b) and (c) need `Bounds(symmetry=False)` / an unbounded depth, which is what the "
-          "calls above pass.", ""]
+    for k, r in s["configs"].items():
+        c = CONFIGS[k]["config"]
+        if c.symmetry and c.depth:
+            L.append(f"- ({k}) from the command line: `kvspec mc --target impl --level pool --blocks {c.blocks} "
+                     f"--depth {c.depth}` (symmetry is on by default; without it, and without a depth bound, "
+                     "the calls above are the way until the CLI has `--symmetry`)")
+    L.append("")
     return "\n".join(L)
 
 
@@ -282,7 +333,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--configs", default="a,b,c")
     ap.add_argument("--no-demo", action="store_true", help="skip the 2-worker depth-bound TLC run")
+    ap.add_argument("--no-xcheck", action="store_true", help="skip the state-count cross-checks (XCHECK)")
     ap.add_argument("--out", default=str(ROOT / "reports"))
+    ap.add_argument("--from-json", metavar="PATH", help="only rewrite the markdown from an earlier mc_tlc.json")
     ap.add_argument("--smoke", action="store_true", help="3-block versions of the configurations (a quick check "
                     "of this script; not the report's numbers)")
     a = ap.parse_args(argv)
@@ -290,13 +343,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         for k, c in (("a", tr.PoolConfig(3, 4, True)), ("b", tr.PoolConfig(3, 4, False)),
                      ("c", tr.PoolConfig(3, 0, True))):
             CONFIGS[k]["config"] = c
+    if a.from_json:
+        saved = json.loads(Path(a.from_json).read_text())
+        s = saved["summary"]
+        Path(a.out, "mc_tlc.md").write_text(render(s, saved["machine"], saved["reps"]))
+        return 1 if s["mismatches"] else 0
     keys = [k for k in a.configs.split(",") if k]
     bad = [k for k in keys if k not in CONFIGS]
     if bad or a.reps < 1:
         ap.error(f"unknown configs {bad}" if bad else "--reps must be at least 1")
     try:
         info = machine()
-        runs = measure(keys, a.reps, not a.no_demo)
+        runs = measure(keys, a.reps, not a.no_demo, not a.no_xcheck)
     except tr.TLCUnavailable as e:
         print(f"compare.py: TLC is not available: {e}", file=sys.stderr)
         return 2

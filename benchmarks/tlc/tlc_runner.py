@@ -259,11 +259,16 @@ def kvspec_one(c: PoolConfig, workers: int = 1) -> dict:
             return {"unsupported": "model_check has no workers parameter yet"}
         kw["workers"] = workers
     depth = c.depth or 10**9
+    ch0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     c0, t0 = time.process_time(), time.monotonic()
     r = model_check(target, config, depth, bounds, time_cap=3600, mem_cap_gib=8, **kw)
     cpu, wall = time.process_time() - c0, time.monotonic() - t0
+    ch1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # worker processes of a parallel search, once they have exited and been waited for
+    children = (ch1.ru_utime - ch0.ru_utime) + (ch1.ru_stime - ch0.ru_stime)
     return {"verdict": r.verdict, "states": r.states, "transitions": r.transitions, "exhausted": r.exhausted,
-            "levels": r.levels, "cpu_s": cpu, "wall_s": wall, "fork": r.fork, "reason": r.reason}
+            "levels": r.levels, "cpu_s": cpu + children, "children_cpu_s": children, "wall_s": wall,
+            "fork": r.fork, "reason": r.reason}
 
 
 def run_kvspec(c: PoolConfig, workers: int = 1, timeout: float = 3600) -> dict:

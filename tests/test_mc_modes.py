@@ -1,0 +1,151 @@
+"""kvspec mc's modes: a state checked once, the fork fallback, parallel workers, the flags."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvspec.cli import main
+from kvspec.errors import UsageError
+from kvspec.mc.enumerate_ops import Bounds
+from kvspec.mc.search import confirm, model_check
+from kvspec.mc.split import StepChecker, is_state_check
+from kvspec.spec import invariants
+from kvspec.spec.config import Config
+from kvspec.targets import load_target
+
+CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "impl"
+
+
+@pytest.fixture(scope="module")
+def impl():
+    return load_target("impl")
+
+
+def patched(name):
+    return load_target("impl", patch=str(CORPUS / f"{name}.diff"))
+
+
+def pool(usable):
+    return Config(level="pool", num_blocks=usable + 1)
+
+
+def cache(usable):
+    return Config(level="cache", num_blocks=usable + 1, block_size=2)
+
+
+def same(a, b):
+    return (a.verdict, a.states, a.levels, a.invariant, a.counterexample) == \
+        (b.verdict, b.states, b.levels, b.invariant, b.counterexample)
+
+
+# -- a state checked once ------------------------------------------------------------------
+def test_the_split_follows_what_a_check_reads():
+    names = StepChecker().names()
+    # reads only the observation after the step
+    assert is_state_check(invariants.queue_iff_free) and is_state_check(invariants.index_consistent)
+    # reads the op / the result / the state before
+    assert not is_state_check(invariants.eviction_order) and not is_state_check(invariants.full_only)
+    assert not is_state_check(invariants.accounting_step)
+    # records pairs in the hash history (part of the state key): runs on every step
+    assert not is_state_check(invariants.hash_chain)
+    assert set(names["state"]) | set(names["transition"]) == {f.__name__ for f in invariants.CHECKS}
+
+
+def test_the_split_reads_the_code_and_follows_only_same_module_functions():
+    # defined by exec: no source file, so only the compiled code can tell
+    g: dict = {"__name__": "fake_checks", "foreign": print}
+    exec(textwrap.dedent("""
+        def helper(ctx):
+            return ctx.prev
+        def via_helper(ctx):
+            return helper(ctx)
+        def via_foreign(ctx):
+            return foreign(ctx)
+        def state_only(ctx):
+            return [b for b in ctx.obs.blocks if b.ref < 0]
+        def in_a_comprehension(ctx):
+            return [x for x in ctx.result]
+        def writes_history(ctx):
+            return ctx.hashes.pair(1, 2)
+    """), g)
+    assert is_state_check(g["state_only"])
+    for name in ("via_helper", "via_foreign", "in_a_comprehension", "writes_history"):
+        assert not is_state_check(g[name]), name
+
+
+@pytest.mark.parametrize("level", ["pool", "cache"])
+def test_checking_a_state_once_keeps_the_state_space(impl, level):
+    cfg, d = (pool(4), 5) if level == "pool" else (cache(2), 4)
+    once = model_check(impl, cfg, d, check_once=True)
+    every = model_check(impl, cfg, d, check_once=False)
+    assert same(once, every) and once.transitions == every.transitions
+    # the state checks ran once per new state, not once per transition
+    assert once.state_checks == once.states - 1 < once.transitions
+
+
+# -- forking -----------------------------------------------------------------------------
+LOCK_POOL = """
+import threading
+from impl.block_pool import BlockPool as _Base
+
+class BlockPool(_Base):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._lock = threading.Lock()   # cannot be pickled
+"""
+
+
+def test_a_driver_that_cannot_be_pickled_falls_back_to_another_fork(tmp_path, impl):
+    path = tmp_path / "lock_pool.py"
+    path.write_text(LOCK_POOL)
+    t = load_target(f"{path}:BlockPool", api="blockpool")
+    r = model_check(t, pool(3), 4)
+    assert r.verdict == "pass" and r.fork not in ("pickle", "compact")
+    ref = model_check(load_target(f"{path}:BlockPool", api="blockpool"), pool(3), 4, fork="replay")
+    assert (r.states, r.levels) == (ref.states, ref.levels) and r.states > 1
+    with pytest.raises(UsageError, match="--fork pickle"):
+        model_check(t, pool(3), 2, fork="pickle")
+    # and --workers, which sends states pickled between levels, falls back to one process
+    w = model_check(t, pool(3), 4, workers=2)
+    assert w.workers == 1 and (w.states, w.levels) == (ref.states, ref.levels)
+
+
+# -- parallel search ---------------------------------------------------------------------
+def test_two_workers_see_the_same_states(impl):
+    one = model_check(impl, pool(4), 5)
+    two = model_check(impl, pool(4), 5, workers=2)
+    assert two.workers == 2 and same(one, two) and one.transitions == two.transitions
+
+
+@pytest.mark.parametrize("bug,level", [("no_evict", "pool"), ("stale_index", "pool"), ("free_forward", "cache")])
+def test_two_workers_find_the_same_shortest_counterexample(bug, level):
+    t = patched(bug)
+    cfg = pool(3) if level == "pool" else cache(3)
+    one = model_check(t, cfg, 6)
+    two = model_check(t, cfg, 6, workers=3)
+    assert one.verdict == "violation" and same(one, two) and one.transitions == two.transitions
+    assert confirm(t, cfg, two)
+
+
+# -- the flags ----------------------------------------------------------------------------
+def test_cli_symmetry_fork_workers_flags(capsys):
+    out = {}
+    for args in (["--symmetry", "on"], ["--symmetry", "off"], ["--fork", "pickle"], ["--workers", "2"],
+                 ["--check-once", "off"]):
+        assert main(["mc", "--blocks", "3", "--depth", "4", "--json", *args]) == 0
+        out[tuple(args)] = json.loads(capsys.readouterr().out)
+    on, off = out[("--symmetry", "on")], out[("--symmetry", "off")]
+    assert off["states"] > on["states"] and off["bounds"]["symmetry"] is False
+    assert out[("--fork", "pickle")]["fork"] == "pickle" and out[("--fork", "pickle")]["states"] == on["states"]
+    assert out[("--workers", "2")]["workers"] == 2 and out[("--workers", "2")]["states"] == on["states"]
+    assert out[("--check-once", "off")]["state_checks"] == 0 and out[("--check-once", "off")]["states"] == on["states"]
+
+
+@pytest.mark.parametrize("args,needle", [(["--workers", "0"], "--workers"), (["--fork", "sideways"], "--fork"),
+                                         (["--symmetry", "maybe"], "--symmetry")])
+def test_cli_bad_flags_are_one_line_exit_2(args, needle):
+    r = subprocess.run([sys.executable, "-m", "kvspec.cli", "mc", *args], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr
