@@ -1,19 +1,16 @@
-"""Benchmark ``kvspec mc``: distinct states per second, total time, and how the state
-space grows per added block and per added level of depth; then where the time of one
-transition goes, what symmetry reduction and each way of forking a state cost, and
-what the suggested shortcut of driving the target only into new states would buy and
-lose.
+"""Benchmark ``kvspec mc`` (issue 14): distinct states per CPU second with the state
+invariants checked after every transition (before) and once per distinct state (after,
+the default), side by side in one run; the wall-clock rate of ``--workers 2`` against
+one process; which checks of the catalogue are state checks.
 
-    python benchmarks/bench_mc.py [--quick] [--out reports]
+    python benchmarks/bench_mc.py [--quick] [--reps N] [--out reports]
 
-Writes ``reports/mc.json`` (every number) and ``reports/mc.md`` (tables and notes).
-Runs in one process pinned to one core (the baseline runs below are child processes
-pinned to the same core, one at a time).
-
-Before/after: ``--baseline DIR`` (default: ``git archive HEAD`` into a temporary folder)
-names a checkout of the code before the current changes; the acceptance configurations
-run there and here, alternately, in one benchmark run, next to this code with its old
-fork path selected (``fork="pickle", key_memo=False``).
+Writes ``reports/mc.json`` (every number) and ``reports/mc.md`` (the whole report; the
+kvspec-vs-TLC comparison is ``reports/mc_tlc.md``, written by
+``benchmarks/tlc/compare.py``, and mc.md only links to it). The runs of each
+configuration alternate (before, after, before, after ...) within this one process, so
+both modes see the same machine load; the fastest CPU time of each is reported, and the
+state counts of every run must be equal (the script stops otherwise).
 """
 from __future__ import annotations
 
@@ -21,515 +18,205 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import subprocess
+import resource
 import sys
-import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvspec.mc import search as mcmod  # noqa: E402
-from kvspec.mc.canonical import compact, pool_key  # noqa: E402
+from kvspec.mc.enumerate_ops import Bounds  # noqa: E402
+from kvspec.mc.search import model_check  # noqa: E402
+from kvspec.mc.split import StepChecker  # noqa: E402
 from kvspec.spec.config import Config  # noqa: E402
-from kvspec.mc.enumerate_ops import Bounds, enabled_ops  # noqa: E402
-from kvspec.mc.canonical import KeyMemo  # noqa: E402
-from kvspec.mc.search import FORKS, model_check  # noqa: E402
-from kvspec.spec.ops import Cache  # noqa: E402
-from kvspec.check.session import Session  # noqa: E402
 from kvspec.targets import load_target  # noqa: E402
 
-CORPUS = ROOT / "kvspec" / "corpus" / "impl"
+# (level, usable blocks, depth, symmetry): issue 14's two acceptance configurations
+CHECK_ONCE_CONFIGS = [("pool", 5, 8, True), ("pool", 4, 8, False)]
+QUICK_CONFIGS = [("pool", 4, 6, True), ("pool", 3, 6, False)]
 
 
 def cfg(level: str, usable: int) -> Config:
     return Config(level=level, num_blocks=usable + 1, block_size=2)
 
 
-def row(target, level: str, usable: int, depth: int, bounds: Bounds = Bounds(), fork: str = "auto",
-        time_cap: float = 600.0, key_memo=None) -> dict:
-    c0 = time.process_time()
-    r = model_check(target, cfg(level, usable), depth, bounds, time_cap=time_cap, fork=fork, key_memo=key_memo)
-    cpu = time.process_time() - c0
-    return {"cpu_seconds": round(cpu, 3), "fork_fallbacks": r.fork_fallbacks,
-            "key_memo": ("on" if level == "pool" else "off") if key_memo is None else ("on" if key_memo else "off"), "level": level, "blocks": usable, "depth": depth, "requests": bounds.requests if level == "cache" else None,
-            "symmetry": bounds.symmetry, "fork": r.fork, "verdict": r.verdict, "states": r.states,
-            "transitions": r.transitions, "transitions_per_state": round(r.transitions / max(r.states, 1), 2),
-            "seconds": round(r.seconds, 3), "states_per_second": round(r.states_per_second, 1),
-            "transitions_per_second": round(r.transitions_per_second, 1), "exhausted": r.exhausted,
-            "levels": r.levels, "peak_rss_mib": round(r.peak_rss_mib, 1)}
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
-def growth(rows: list[dict], along: str) -> list[dict]:
+def one_run(target, level: str, usable: int, depth: int, symmetry: bool, *, check_once: bool = True,
+            workers: int = 1) -> dict:
+    load0 = os.getloadavg()[0]
+    c0, k0, w0 = time.process_time(), _children_cpu(), time.perf_counter()
+    r = model_check(target, cfg(level, usable), depth, Bounds(symmetry=symmetry), time_cap=3600,
+                    mem_cap_gib=8.0, check_once=check_once, workers=workers)
+    cpu, kids, wall = time.process_time() - c0, _children_cpu() - k0, time.perf_counter() - w0
+    return {"level": level, "blocks": usable, "depth": depth, "symmetry": symmetry, "check_once": check_once,
+            "workers": r.workers, "verdict": r.verdict, "states": r.states, "transitions": r.transitions,
+            "levels": r.levels, "state_checks": r.state_checks, "fork": r.fork,
+            "cpu_seconds": round(cpu + kids, 3), "wall_seconds": round(wall, 3),
+            "parent_cpu_seconds": round(cpu, 3), "worker_cpu_seconds": round(kids, 3),
+            "states_per_cpu_second": round(r.states / max(cpu + kids, 1e-9), 1),
+            "states_per_wall_second": round(r.states / max(wall, 1e-9), 1),
+            "us_per_transition_cpu": round((cpu + kids) / max(r.transitions, 1) * 1e6, 1),
+            "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)}
+
+
+def side_by_side(target, configs, reps: int, modes: list[tuple[str, dict]]) -> list[dict]:
+    """Each configuration in each mode, alternating, ``reps`` times; the fastest of each."""
     out = []
-    for a, b in zip(rows, rows[1:]):
-        out.append({"from": a[along], "to": b[along], "states_x": round(b["states"] / a["states"], 2),
-                    "transitions_x": round(b["transitions"] / a["transitions"], 2),
-                    "seconds_x": round(b["seconds"] / max(a["seconds"], 1e-9), 2)})
-    return out
-
-
-# -- where one transition's time goes ------------------------------------------------------
-def breakdown(target, level: str, usable: int, depth: int) -> dict:
-    """Microseconds per transition in each part, by wrapping the parts (the wrappers add
-    well under a microsecond each; the total is measured separately without them)."""
-    import kvspec.check.session as sess
-
-    spent: dict[str, float] = {}
-    saved = {}
-
-    def wrap(owner, name, label):
-        f = getattr(owner, name)
-        saved[(owner, name)] = f
-
-        def w(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
-        setattr(owner, name, w)
-
-    plain = model_check(target, cfg(level, usable), depth)
-    fork_cls = FORKS["driver" if plain.fork == "driver-snapshot" else plain.fork]
-    wrap(fork_cls, "load", f"fork ({plain.fork}): restore a state (per transition)")
-    wrap(fork_cls, "save", f"fork ({plain.fork}): save a new state")
-    wrap(Session, "apply", "Session.apply: target step + model step + observe + check")
-    wrap(sess, "check_step", "  of which check_step (the catalogue)")
-    wrap(KeyMemo, "__call__", "canonical state key (exact-state memo included)")
-    wrap(mcmod, "state_key", "canonical state key (exact-state memo included)")
-    wrap(mcmod, "enabled_ops", "enumerate enabled ops (per state)")
-    try:
-        r = model_check(target, cfg(level, usable), depth)
-    finally:
-        for (owner, name), f in saved.items():
-            setattr(owner, name, f)
-    # The wrappers slow the run down a little: report each part as its share of the
-    # instrumented run, scaled to the uninstrumented time per transition.
-    total = plain.seconds / plain.transitions * 1e6
-    scale = plain.seconds / r.seconds
-    per = {k: round(v * scale / r.transitions * 1e6, 2) for k, v in spent.items()}
-    per["rest of the search loop"] = round(total - sum(v for k, v in per.items() if not k.startswith("  ")), 2)
-    return {"level": level, "blocks": usable, "depth": depth, "transitions": plain.transitions,
-            "us_per_transition": round(total, 2), "parts_us": per}
-
-
-# -- before and after, side by side ---------------------------------------------------------
-_CHILD = r"""
-import json, os, sys, time
-try:
-    os.sched_setaffinity(0, {int(sys.argv[5])})
-except (AttributeError, OSError):
-    pass
-from kvspec.spec.config import Config
-from kvspec.mc.search import model_check
-from kvspec.targets import load_target
-level, usable, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-c0 = time.process_time()
-r = model_check(load_target("impl"), Config(level=level, num_blocks=usable + 1, block_size=2), depth, time_cap=1800)
-print(json.dumps({"verdict": r.verdict, "states": r.states, "transitions": r.transitions, "seconds": r.seconds,
-                  "cpu_seconds": time.process_time() - c0, "fork": r.fork, "file": sys.modules["kvspec.mc"].__file__,
-                  "tag": sys.argv[4]}))
-"""
-
-
-def baseline_tree(path: str = "") -> Path:
-    """The code before the current changes: ``path``, or ``git archive HEAD`` unpacked."""
-    if path:
-        return Path(path).resolve()
-    d = Path(tempfile.mkdtemp(prefix="kvspec-mc-baseline-"))
-    arch = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(d)], input=arch, check=True)
-    return d
-
-
-def run_tree(tree: Path, level: str, usable: int, depth: int, tag: str) -> dict:
-    cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-    env = dict(os.environ, PYTHONPATH=str(tree))
-    out = subprocess.run([sys.executable, "-c", _CHILD, level, str(usable), str(depth), tag, str(cpu)], cwd=str(tree),
-                         env=env, check=True, capture_output=True, text=True).stdout
-    r = json.loads(out.strip().splitlines()[-1])
-    assert r["file"].startswith(str(tree)), (r["file"], tree)  # really the baseline's code
-    return r
-
-
-def before_after(tree: Path, configs, reps: int) -> list[dict]:
-    """Per configuration: the baseline tree, this code on its old fork path, and this code,
-    run alternately ``reps`` times in this one benchmark run; the fastest of each kept."""
-    impl = load_target("impl")
-    out = []
-    for level, usable, depth in configs:
-        runs: dict[str, list[dict]] = {"baseline": [], "old_path": [], "new": []}
+    for level, usable, depth, sym in configs:
+        runs: dict[str, list[dict]] = {name: [] for name, _ in modes}
         for _ in range(reps):
-            b = run_tree(tree, level, usable, depth, "baseline")
-            runs["baseline"].append({k: b[k] for k in ("verdict", "states", "transitions", "seconds", "cpu_seconds",
-                                                       "fork")})
-            runs["old_path"].append(row(impl, level, usable, depth, fork="pickle", key_memo=False, time_cap=1800))
-            runs["new"].append(row(impl, level, usable, depth, time_cap=1800))
-        best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
-        assert len({(r["verdict"], r["states"], r["transitions"]) for r in best.values()}) == 1, best
-        entry = {"level": level, "blocks": usable, "depth": depth, "reps": reps,
-                 "states": best["new"]["states"], "transitions": best["new"]["transitions"],
-                 "verdict": best["new"]["verdict"]}
-        for k, r in best.items():
-            entry[k] = {"fork": r["fork"], "seconds": round(r["seconds"], 3), "cpu_seconds": round(r["cpu_seconds"], 3),
-                        "states_per_second": round(r["states"] / r["seconds"], 1),
-                        "transitions_per_second": round(r["transitions"] / r["seconds"], 1),
-                        "all_seconds": [round(x["seconds"], 3) for x in runs[k]]}
-        entry["speedup_vs_baseline"] = round(best["baseline"]["seconds"] / best["new"]["seconds"], 2)
-        entry["speedup_vs_old_path"] = round(best["old_path"]["seconds"] / best["new"]["seconds"], 2)
-        entry["cpu_speedup_vs_baseline"] = round(best["baseline"]["cpu_seconds"] / best["new"]["cpu_seconds"], 2)
-        out.append(entry)
+            for name, kw in modes:
+                r = one_run(target, level, usable, depth, sym, **kw)
+                runs[name].append(r)
+                print(f"  {level} {usable} blocks depth {depth} symmetry {'on' if sym else 'off'} {name}: "
+                      f"{r['states']:,} states, {r['cpu_seconds']} CPU s, {r['wall_seconds']} s, "
+                      f"load {r['load_before']}", file=sys.stderr)
+        counts = {(r["states"], r["transitions"], tuple(r["levels"])) for rs in runs.values() for r in rs}
+        if len(counts) != 1:
+            raise SystemExit(f"state counts differ between modes: {counts}")
+        best = {name: min(rs, key=lambda r: r["cpu_seconds"]) for name, rs in runs.items()}
+        best_wall = {name: min(rs, key=lambda r: r["wall_seconds"]) for name, rs in runs.items()}
+        out.append({"level": level, "blocks": usable, "depth": depth, "symmetry": sym, "reps": reps,
+                    "best": best, "best_wall": best_wall, "all": runs})
     return out
 
 
-# -- the shortcut: drive the target only into new states -------------------------------------
-def _clone(m):
-    """A quick copy of a PoolModel (its state is four lists and a dict of lists)."""
-    c = object.__new__(type(m))
-    c.__dict__.update(m.__dict__)
-    c.ref, c.hash, c.queue = m.ref[:], m.hash[:], m.queue[:]
-    c.index = {k: v[:] for k, v in m.index.items()}
-    return c
-
-
-def new_states_only(target, config: Config, depth: int, drive: bool = True, time_cap: float = 300.0) -> dict:
-    """BFS over *model* states: the successor's key is computed from the model alone, and
-    the target is driven (and checked) only on the first transition into each new state.
-    ``drive=False``: the model alone, no target at all (the shortcut's upper bound)."""
-    s0 = Session(target, config)
-    if s0.initial:
-        return {"verdict": "violation", "invariant": s0.initial[0].invariant, "steps": 0, "states": 1, "seconds": 0.0}
-    fork = mcmod.choose_fork(s0, [], "auto")   # the same fork as kvspec mc (in place for impl)
-    blank = replace(s0.obs, blocks=())          # a constant: the key then reads the model only
-
-    def key(m, used):
-        # the model, plus how many labels the path has cached that no block carries now
-        # (the model side of the hash history; labels are interchangeable)
-        return compact(pool_key(m, blank, None)), sum(1 for x in used if x not in m.index)
-
-    seen = {key(s0.model, frozenset())}
-    frontier = [(_clone(s0.model), fork.save(s0, None) if drive else None, s0.obs, 0, frozenset())]
-    states, transitions, driven = 1, 0, 0
-    start = time.monotonic()
-    for d in range(depth):
-        nxt = []
-        for model, saved, obs, n, used in frontier:
-            for op in enabled_ops(model, config, Bounds(), used_labels=used):
-                transitions += 1
-                m = _clone(model)
-                m.apply(op)
-                u2 = used | set(op.hashes) if isinstance(op, Cache) else used
-                k = key(m, u2)
-                if k in seen:
-                    continue
-                seen.add(k)
-                states += 1
-                if not drive:
-                    nxt.append((m, None, None, n + 1, u2))
-                    continue
-                s = fork.load(saved, obs)
-                driven += 1
-                found = s.apply(op)
-                if found:
-                    return {"verdict": "violation", "invariant": found[0].invariant, "steps": n + 1,
-                            "states": states, "seconds": round(time.monotonic() - start, 3)}
-                nxt.append((_clone(s.model), fork.save(s, None), s.obs, n + 1, u2))
-            if time.monotonic() - start > time_cap:
-                break
-        frontier = nxt
-    el = time.monotonic() - start
-    return {"verdict": "pass", "states": states, "transitions": transitions, "driven": driven,
-            "seconds": round(el, 3), "states_per_second": round(states / el, 1)}
-
-
-def shortcut_study(quick: bool) -> dict:
-    impl = load_target("impl")
-    c = cfg("pool", 5)
-    d = 6 if quick else 7
-    sound = model_check(impl, c, d)
-    out = {"config": {"level": "pool", "blocks": 5, "depth": d},
-           "sound": {"states": sound.states, "seconds": round(sound.seconds, 3),
-                     "states_per_second": round(sound.states_per_second, 1)},
-           "new_states_only": new_states_only(impl, c, d),
-           "model_only": new_states_only(impl, c, d, drive=False)}
-    bugs = []
-    for bug in json.loads((CORPUS / "bugs.json").read_text()):
-        if bug["level"] != "pool":
-            continue
-        t = load_target("impl", patch=str(CORPUS / bug["file"]))
-        full = model_check(t, cfg("pool", 3), 6)
-        short = new_states_only(t, cfg("pool", 3), 6)
-        bugs.append({"bug": bug["id"], "sound": f"{full.invariant} in {len(full.counterexample or [])} steps"
-                     if full.verdict == "violation" else full.verdict,
-                     "new_states_only": f"{short['invariant']} in {short['steps']} steps"
-                     if short["verdict"] == "violation" else "missed (pass)"})
-    out["corpus"] = bugs
-    return out
-
-
-# -- report -------------------------------------------------------------------------------
-def md_table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
-    head = "| " + " | ".join(c[1] for c in cols) + " |\n|" + "---|" * len(cols) + "\n"
-    body = "".join("| " + " | ".join(_fmt(r.get(c[0])) for c in cols) + " |\n" for r in rows)
-    return head + body
-
-
-def _fmt(v) -> str:
+def fmt(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, int):
+        return f"{v:,}"
     if isinstance(v, float):
         return f"{v:,.2f}" if v < 100 else f"{v:,.0f}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return "" if v is None else str(v)
-
-
-COLS = [("level", "level"), ("blocks", "blocks"), ("depth", "depth"), ("verdict", "verdict"), ("states", "states"),
-        ("transitions", "transitions"), ("transitions_per_state", "trans./state"), ("seconds", "seconds"),
-        ("states_per_second", "states/s"), ("transitions_per_second", "trans./s"), ("peak_rss_mib", "RSS MiB*")]
-
-
-def before_after_md(res: dict) -> list[str]:
-    ba = res.get("before_after")
-    if not ba:
-        return []
-    out = ["## Before and after (one run, alternating)", "",
-           f"Each configuration ran {ba[0]['reps']} times in each of three ways, alternating, within this one "
-           f"benchmark run: **before**, the code before this change (`{res.get('baseline_tree', '?')}`, run as a "
-           f"child process on the same core); **old path**, this code with the old fork selected "
-           f"(`fork=\"pickle\", key_memo=False`: it still has the faster observation and keys); **now**, this code "
-           f"as `kvspec mc` runs it. The fastest run of each is shown; all three saw the same states and "
-           f"transitions. CPU seconds are the process's own, less disturbed by other load than wall seconds.", "",
-           "| level | blocks | depth | states | transitions | | fork | seconds | CPU s | states/s | trans./s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for e in ba:
-        for k, name in (("baseline", "before"), ("old_path", "old path"), ("new", "now")):
-            r = e[k]
-            out.append(f"| {e['level']} | {e['blocks']} | {e['depth']} | {e['states']:,} | {e['transitions']:,} | "
-                       f"**{name}** | {r['fork']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | "
-                       f"{r['states_per_second']:,.0f} | {r['transitions_per_second']:,.0f} |")
-    out.append("")
-    out += [f"- {e['level']}, {e['blocks']} blocks, depth {e['depth']}: **{e['speedup_vs_baseline']:.2f}x** the "
-            f"states/s of before (CPU time: {e['cpu_speedup_vs_baseline']:.2f}x), {e['speedup_vs_old_path']:.2f}x "
-            f"the old fork path." for e in ba]
-    out.append("")
-    for e in ba:
-        b, n = e["baseline"], e["new"]
-        out.append(f"Per CPU second ({e['level']}, {e['blocks']} blocks, depth {e['depth']}): "
-                   f"{e['states'] / n['cpu_seconds']:,.0f} states/s and {e['transitions'] / n['cpu_seconds']:,.0f} "
-                   f"transitions/s now, against {e['states'] / b['cpu_seconds']:,.0f} and "
-                   f"{e['transitions'] / b['cpu_seconds']:,.0f} before; the wall-clock run took "
-                   f"{n['seconds'] / max(n['cpu_seconds'], 1e-9):.1f}x its CPU time (other load on the machine).")
-        out.append("")
-    return out
+    return str(v)
 
 
 def write_md(res: dict, path: Path) -> None:
-    s = res["shortcut"]
-    pool_rows = res["pool_blocks"] + res["pool_depth"]
-    lo, hi = min(r["states_per_second"] for r in pool_rows), max(r["states_per_second"] for r in pool_rows)
-    acc = res["pool_depth"][-1]
-    need_us = 1e6 / (20000 * acc["transitions_per_state"])
-    bd = res["breakdown"][0]
-    per_tr = bd["us_per_transition"]
-    apply_us = bd["parts_us"]["Session.apply: target step + model step + observe + check"]
-    check_us = bd["parts_us"].get("  of which check_step (the catalogue)", 0.0)
-    mo = res["shortcut"]["model_only"].get("states_per_second", 0)
-    late = [f"{b['bug']} ({b['new_states_only']} instead of {b['sound']})" for b in res["shortcut"]["corpus"]
-            if b["new_states_only"] != b["sound"] and not b["new_states_only"].startswith("missed")]
-    lines = [
+    q = " --quick" if res["quick"] else ""
+    cmd = f"python benchmarks/bench_mc.py{q} --reps {res['reps']}"
+    L = [
         "# kvspec mc: benchmark",
         "",
-        f"Generated by `python benchmarks/bench_mc.py{' --quick' if res['quick'] else ''}` on {res['machine']}, "
-        f"one process pinned to one core, target `impl` (this repository's allocator), default domains "
-        f"(`kvspec.mc.enumerate_ops.Bounds()`), symmetry reduction on, states forked in place (`compact`), keys "
-        f"remembered per exact state at pool level (`KeyMemo`). The machine is shared with other work: "
-        f"wall-clock rates vary widely between runs (by 3x and more; the before/after table says how loaded this "
-        f"run was), so compare numbers within one table, not with earlier reports (the before/after table "
-        f"alternates its runs for that reason).",
+        f"Generated, whole, by `{cmd}` on {res['machine']} ({res['cores']} cores), target `impl` "
+        f"(this repository's allocator), default domains (`kvspec.mc.enumerate_ops.Bounds()`), in "
+        f"{res['seconds_total']:.0f} s. **The machine is shared with other work while this runs** "
+        f"(load average {res['load_start']} at the start, {res['load_end']} at the end, on {res['cores']} cores): "
+        "wall-clock rates vary with that load; CPU seconds (the search process's own, plus its worker "
+        "processes') vary much less, so the check-once comparison is in states per CPU second. The runs of each "
+        "configuration alternate between the modes compared, within this one run, and the fastest of each is "
+        "shown; every run of a configuration saw the same states, transitions and states per level (the script "
+        "stops otherwise).",
         "",
-        "## How the numbers are counted",
+        "## kvspec vs TLC",
         "",
-        "- **states**: distinct canonical states (the initial one included). Each was reached by a real step of "
-        "the target and checked with the whole invariant catalogue (`Session.apply` / `check_step`).",
-        "- **transitions**: every enabled op tried from every expanded state, *including those that lead back to "
-        "a known state*. Each is a real target step, a model step, an observation and a full `check_step`; "
-        "none is skipped or predicted from the model.",
-        "- **states/s** = states / wall seconds of the whole search (start-up included). It therefore depends on "
-        "how many transitions each state has: that ratio is in the tables (trans./state).",
-        "- *RSS MiB: the benchmark process's resident memory at the end of the run; it includes earlier runs "
-        "(CPython keeps freed memory), so only increases are meaningful.",
+        "<!-- TLC comparison: written by benchmarks/tlc/compare.py to reports/mc_tlc.md, not here -->",
+        "The side-by-side comparison with TLC on the same spec is [mc_tlc.md](mc_tlc.md), written whole by "
+        "`python benchmarks/tlc/compare.py`.",
         "",
-    ]
-    lines += before_after_md(res)
-    lines += [
-        "## Growth per added block (pool level, fixed depth)",
+        "## A state checked once, as TLC does",
         "",
-        md_table(res["pool_blocks"], COLS),
-        md_table(res["pool_blocks_growth"], [("from", "blocks from"), ("to", "to"), ("states_x", "states x"),
-                                             ("transitions_x", "transitions x"), ("seconds_x", "time x")]),
-        f"## Growth per added level of depth (pool level, {res['pool_depth'][0]['blocks']} blocks)",
-        "",
-        md_table(res["pool_depth"], COLS),
-        md_table(res["pool_depth_growth"], [("from", "depth from"), ("to", "to"), ("states_x", "states x"),
-                                            ("transitions_x", "transitions x"), ("seconds_x", "time x")]),
-        "## Cache level (2 requests)",
-        "",
-        md_table(res["cache"], COLS),
-        md_table(res["cache_depth_growth"], [("from", "depth from"), ("to", "to"), ("states_x", "states x"),
-                                             ("transitions_x", "transitions x"), ("seconds_x", "time x")]),
-        "## Where one transition's time goes",
+        "**Before**: every invariant after every transition (`kvspec mc --check-once off`). **After**: the "
+        "transition checks after every transition, the state checks only when the post-state's key is new "
+        "(`kvspec mc --check-once on`, the default; the soundness argument is in `kvspec/mc/search.py`'s "
+        "docstring). Commands of the same searches:",
         "",
     ]
-    for b in res["breakdown"]:
-        lines.append(f"{b['level']} level, {b['blocks']} blocks, depth {b['depth']}: "
-                     f"{b['us_per_transition']:.1f} us per transition ({b['transitions']:,} transitions).")
-        lines.append("")
-        lines.append("| part | us / transition |\n|---|---|")
-        lines += [f"| {k} | {v:.1f} |" for k, v in b["parts_us"].items()]
-        lines.append("")
-    lines += [
-        "## Symmetry reduction and forking",
-        "",
-        md_table(res["ablation"], [("blocks", "blocks"), ("depth", "depth"), ("symmetry", "symmetry"), ("fork", "fork"),
-                                   ("key_memo", "key memo"), ("fork_fallbacks", "states pickled"), ("states", "states"),
-                                   ("transitions", "transitions"), ("seconds", "seconds"),
-                                   ("states_per_second", "states/s")]),
-        "Pool level, `impl`. `compact` (the default) puts one live session back into the saved state in place "
-        "(slot values, attribute dicts and fresh copies of lists and dicts, written back into the same objects); "
-        "`pickle` (the default before) unpickles a snapshot taken when the state was found; `deepcopy` copies "
-        "the session; `replay` rebuilds each state by replaying its op prefix. *states pickled*: states the "
-        "`compact` fork could not save in place and pickled instead (none on a correct target). *key memo*: "
-        "the canonical key looked up by the exact state's marshalled bytes when that state was seen before.",
-        "",
-        "## The 20,000 states/s target, and the shortcut that would reach further",
-        "",
-        f"At the acceptance configuration (pool, {acc['blocks']} blocks, depth {acc['depth']}) `kvspec mc` checks "
-        f"**{acc['states_per_second']:,.0f} distinct states/s** ({acc['transitions_per_second']:,.0f} transitions/s); "
-        f"over the pool rows above, {lo:,.0f} to {hi:,.0f} states/s. That misses the required 20,000 by a wide "
-        f"margin, and the reason is structural rather than one slow spot: there are {acc['transitions_per_state']} "
-        f"transitions per state, every one a real step of the target followed by the full catalogue. 20,000 "
-        f"states/s would need {need_us:.1f} us per transition; one costs {per_tr:.0f} us (breakdown above), of "
-        f"which the target step, observation and `check_step` inside `Session.apply` alone take {apply_us:.0f} us "
-        f"and the catalogue itself (`check_step`, {check_us:.0f} us) is more than 20,000 states/s would allow for "
-        f"the whole transition several times over. Forking, keys and observation are now a minority of the cost: "
-        f"removing them entirely would leave at most {1e6 / max(apply_us, 1e-9) / acc['transitions_per_state']:,.0f} "
-        f"states/s at this configuration.",
-        "",
-        "The shortcut of computing successor keys from the model and driving the target only into *new* "
-        "states is faster, but it does not check the transitions into known states, and some bugs live only "
-        f"there. Measured on pool, {s['config']['blocks']} blocks, depth {s['config']['depth']}:",
-        "",
-    ]
-    lines += [
-        "| search | states | seconds | states/s |\n|---|---|---|---|",
-        f"| every transition driven and checked (kvspec mc) | {s['sound']['states']:,} | {s['sound']['seconds']} | "
-        f"{s['sound']['states_per_second']:,.0f} |",
-        f"| target driven only into new model states | {s['new_states_only']['states']:,} | "
-        f"{s['new_states_only']['seconds']} | {s['new_states_only'].get('states_per_second', 0):,.0f} |",
-        f"| model only, no target (upper bound of the shortcut) | {s['model_only']['states']:,} | "
-        f"{s['model_only']['seconds']} | {s['model_only'].get('states_per_second', 0):,.0f} |",
-        "",
-        ("(Same state count: on a correct target the observation and the hash history split no state that the "
-         "model does not.) " if s["sound"]["states"] == s["new_states_only"]["states"] else
-         "(The shortcut's state count differs: its key is the model and the labels cached so far, without the "
-         "observation.) ") + "On the pool-level bug corpus (3 blocks, depth 6):",
-        "",
-        "| bug | every transition | new states only |\n|---|---|---|",
-    ]
-    lines += [f"| {b['bug']} | {b['sound']} | {b['new_states_only']} |" for b in s["corpus"]]
-    lines += [
-        "",
-        "`touch_no_remove` breaks only the step that revives a cached free block, and that step always lands "
-        "on a state `alloc` + `cache` reach two steps sooner, so the shortcut never drives it. "
-        + (f"It also gets the length wrong where the shortest path steps back into a known state: "
-           f"{', '.join(late)}. " if late else "")
-        + "`kvspec mc` therefore drives every transition. "
-        + (f"The model alone, with no target at all, reaches {mo:,.0f} states/s here: even the shortcut's "
-           f"upper bound {'stays below' if mo < 20000 else 'only just passes'} 20,000 states/s with these "
-           f"domains and canonical keys in CPython." if mo else ""),
-        "",
-    ]
-    path.write_text("\n".join(lines) + "\n")
+    for row in res["check_once"]:
+        L.append(f"- `kvspec mc --target impl --level {row['level']} --blocks {row['blocks']} --depth {row['depth']} "
+                 f"--symmetry {fmt(row['symmetry'])} --check-once off|on --json`")
+    L += ["", "| level | blocks | depth | symmetry | states | transitions | mode | state checks | CPU s "
+          "| states / CPU s | µs / transition (CPU) | wall s | load |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in res["check_once"]:
+        for name in ("before", "after"):
+            b = row["best"][name]
+            L.append(f"| {row['level']} | {row['blocks']} | {row['depth']} | {fmt(row['symmetry'])} | {fmt(b['states'])} "
+                     f"| {fmt(b['transitions'])} | **{name}** | {fmt(b['state_checks'])} | {b['cpu_seconds']:.2f} "
+                     f"| {fmt(b['states_per_cpu_second'])} | {b['us_per_transition_cpu']} | {b['wall_seconds']:.2f} "
+                     f"| {b['load_before']} |")
+    L += ["", "| configuration | after / before (states per CPU second) |", "|---|---|"]
+    for row in res["check_once"]:
+        ratio = row["best"]["after"]["states_per_cpu_second"] / max(row["best"]["before"]["states_per_cpu_second"], 1e-9)
+        row["ratio"] = round(ratio, 3)
+        L.append(f"| {row['level']}, {row['blocks']} blocks, depth {row['depth']}, symmetry {fmt(row['symmetry'])} "
+                 f"| **{ratio:.2f}x** |")
+    split = res["split"]
+    L += ["", "Which checks are state checks (read from each check's compiled code by `kvspec.mc.split`: a check that "
+          "reads the step, `prev`/`op`/`result`/`expected`/`misuse`/`error`, or names the hash "
+          "history or the shadow, which it may write, is a transition check):", "",
+          f"- state checks, once per distinct state: {', '.join(f'`{n}`' for n in split['state'])}",
+          f"- transition checks, every transition: {', '.join(f'`{n}`' for n in split['transition'])}", "",
+          "The gain is bounded by the share of a transition's time the state checks take: the target step, the "
+          "model step, the observation, the fork and the key still run on every transition, and most of the "
+          "catalogue reads the step (the result against the model, the queue against the policy).", ""]
+    w = res["workers"]
+    if w:
+        L += ["## `--workers 2` against one process", "",
+              "Level-synchronous parallel breadth-first search (`kvspec.mc.parallel`): each level's frontier is cut "
+              "into contiguous slices, expanded by forked processes, and merged in frontier order. Wall-clock rate "
+              f"on this {res['cores']}-core machine **shared with other work** (see the load column): a speed-up "
+              "needs two idle cores, so this number says more about the load than about the search. CPU s counts "
+              "the worker processes too.", ""]
+        for row in w:
+            L.append(f"- `kvspec mc --target impl --level {row['level']} --blocks {row['blocks']} --depth {row['depth']} "
+                     f"--symmetry {fmt(row['symmetry'])} --workers 1|2 --json`")
+        L += ["", "| level | blocks | depth | symmetry | states | transitions | workers | wall s | states / wall s "
+              "| CPU s | load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in w:
+            for name in ("1 worker", "2 workers"):
+                b = row["best_wall"][name]
+                L.append(f"| {row['level']} | {row['blocks']} | {row['depth']} | {fmt(row['symmetry'])} "
+                         f"| {fmt(b['states'])} | {fmt(b['transitions'])} | {b['workers']} | {b['wall_seconds']:.2f} "
+                         f"| {fmt(b['states_per_wall_second'])} | {b['cpu_seconds']:.2f} | {b['load_before']} |")
+            ratio = row["best_wall"]["2 workers"]["states_per_wall_second"] / \
+                max(row["best_wall"]["1 worker"]["states_per_wall_second"], 1e-9)
+            row["ratio"] = round(ratio, 3)
+            one, two = row["best"]["1 worker"], row["best"]["2 workers"]
+            # what two idle cores would give: the merge (parent) runs alone, the workers side by side
+            est = one["cpu_seconds"] / max(two["parent_cpu_seconds"] + two["worker_cpu_seconds"] / 2, 1e-9)
+            row["estimated_idle_ratio"] = round(est, 3)
+            L += ["", f"2 workers / 1 worker, wall-clock rate measured on this shared machine: **{ratio:.2f}x** (same "
+                      "states, transitions and levels in every run).", "",
+                  f"Where the CPU time goes (fastest run of each): 1 worker {one['cpu_seconds']:.2f} CPU s; 2 workers "
+                  f"{two['worker_cpu_seconds']:.2f} CPU s in the workers together (overhead "
+                  f"{two['worker_cpu_seconds'] / max(one['cpu_seconds'], 1e-9):.2f}x: states pickled between levels, "
+                  f"copy-on-write after each fork, keys not yet shared within a level) plus "
+                  f"{two['parent_cpu_seconds']:.2f} CPU s merging in the search process (serial). On two otherwise "
+                  f"idle cores, with the two slices equally heavy, that would be about {one['cpu_seconds']:.2f} / ({two['parent_cpu_seconds']:.2f} + "
+                  f"{two['worker_cpu_seconds']:.2f} / 2) = **{est:.2f}x** the one-process rate: an estimate from CPU "
+                  "times, **not a measurement**, since no idle 2-core machine was available for this run.", ""]
+    # The same configuration in two sections of one run must see the same states: say so when not.
+    counts: dict = {}
+    for sec in ("check_once", "workers"):
+        for row in res[sec] or []:
+            key = (row["level"], row["blocks"], row["depth"], row["symmetry"])
+            counts.setdefault(key, set()).update(r["states"] for rs in row["all"].values() for r in rs)
+    odd = {k: sorted(v) for k, v in counts.items() if len(v) > 1}
+    if odd:
+        L += ["## Warning: state counts differ between sections of this run", ""]
+        for (level, blocks, depth, sym), v in odd.items():
+            L.append(f"- {level}, {blocks} blocks, depth {depth}, symmetry {fmt(sym)}: "
+                     f"{', '.join(fmt(x) for x in v)} states in different sections (equal within each section, "
+                     "whose runs alternate). This should not happen: report it with mc.json.")
+        L.append("")
+    L += ["## How the numbers are counted", "",
+          "- **states**: distinct canonical states, the initial one included (`kvspec.mc.canonical.state_key`).",
+          "- **transitions**: every enabled op tried from every expanded state, including those into a known "
+          "state; each is a real target step, a model step, an observation, the transition checks and the key.",
+          "- **state checks**: how often the state checks ran (once per new state when on; 0 when off, where "
+          "they run inside every transition's full check).",
+          "- **CPU s**: `time.process_time()` of the search plus the CPU time of its worker processes "
+          "(`RUSAGE_CHILDREN`); **wall s**: `time.perf_counter()`; **load**: the 1-minute load average when the "
+          "run started.", ""]
+    path.write_text("\n".join(L) + "\n")
 
 
-def depth_figure(res: dict, out: Path) -> None:
-    """Per-depth rows (pool and cache) as ``mc_states_per_depth.png``, linked from mc.md."""
-    from kvspec.report.figures import states_per_second_vs_depth
-
-    rows = res.get("pool_depth", []) + res.get("cache", [])
-    if not rows:
-        return
-    png = states_per_second_vs_depth(rows, out / "mc_states_per_depth.png")
-    md = out / "mc.md"
-    line = f"![kvspec mc: states and transitions per second against depth]({png.name})"
-    text = md.read_text() if md.exists() else ""
-    if line not in text:
-        md.write_text(text.rstrip("\n") + "\n\n" + line + "\n")
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="smaller configurations (a smoke run)")
-    ap.add_argument("--out", default=str(ROOT / "reports"))
-    ap.add_argument("--md-only", action="store_true", help="re-render mc.md from an existing mc.json")
-    ap.add_argument("--baseline", default="", help="checkout of the code before (default: git archive HEAD)")
-    ap.add_argument("--no-baseline", action="store_true", help="skip the before/after runs")
-    ap.add_argument("--reps", type=int, default=2, help="alternating repetitions of the before/after runs")
-    a = ap.parse_args()
-    if a.md_only:
-        out = Path(a.out)
-        res = json.loads((out / "mc.json").read_text())
-        write_md(res, out / "mc.md")
-        depth_figure(res, out)
-        return 0
-    try:
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    except (AttributeError, OSError):
-        pass
-    impl = load_target("impl")
-    q = a.quick
-    t0 = time.monotonic()
-    res: dict = {"quick": q, "machine": f"{platform.processor() or platform.machine()}, "
-                                        f"Python {platform.python_version()}, {_cpu()}"}
-    d_blocks = 6 if q else 7
-    res["pool_blocks"] = [row(impl, "pool", n, d_blocks) for n in ((2, 3, 4) if q else (3, 4, 5, 6))]
-    res["pool_blocks_growth"] = growth(res["pool_blocks"], "blocks")
-    res["pool_depth"] = [row(impl, "pool", 5 if not q else 4, d) for d in ((4, 5, 6) if q else (5, 6, 7, 8))]
-    res["pool_depth_growth"] = growth(res["pool_depth"], "depth")
-    res["cache"] = [row(impl, "cache", n, d) for n, d in (((3, 5), (3, 6)) if q else ((4, 6), (4, 7), (4, 8)))]
-    res["cache_depth_growth"] = growth(res["cache"], "depth")
-    res["breakdown"] = [breakdown(impl, "pool", 4, 6 if q else 7), breakdown(impl, "cache", 3, 5 if q else 6)]
-    ab = (4, 6)
-    res["ablation"] = [row(impl, "pool", *ab, Bounds(symmetry=True)),
-                       row(impl, "pool", *ab, Bounds(symmetry=False)),
-                       row(impl, "pool", *ab, Bounds(symmetry=True), fork="pickle"),
-                       row(impl, "pool", *ab, Bounds(symmetry=True), fork="pickle", key_memo=False),
-                       row(impl, "pool", *ab, fork="deepcopy"),
-                       row(impl, "pool", *ab, fork="replay")]
-    res["shortcut"] = shortcut_study(q)
-    if not a.no_baseline:
-        tree = baseline_tree(a.baseline)
-        res["baseline_tree"] = a.baseline or "git archive HEAD"
-        configs = [("pool", 4, 6), ("cache", 3, 5)] if q else [("pool", 5, 8), ("cache", 4, 8)]
-        try:
-            res["before_after"] = before_after(tree, configs, a.reps)
-        finally:
-            if not a.baseline:
-                shutil.rmtree(tree, ignore_errors=True)
-    res["seconds_total"] = round(time.monotonic() - t0, 1)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "mc.json").write_text(json.dumps(res, indent=1) + "\n")
-    write_md(res, out / "mc.md")
-    depth_figure(res, out)
-    print(f"wrote {out / 'mc.json'} and {out / 'mc.md'} in {res['seconds_total']} s")
-    return 0
-
-
-def _cpu() -> str:
+def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -537,6 +224,37 @@ def _cpu() -> str:
     except OSError:
         pass
     return "unknown CPU"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="smaller configurations (a smoke run)")
+    ap.add_argument("--reps", type=int, default=2, help="alternating repetitions of each mode")
+    ap.add_argument("--out", default=str(ROOT / "reports"))
+    ap.add_argument("--md-only", action="store_true", help="re-render mc.md from an existing mc.json")
+    ap.add_argument("--no-workers", action="store_true", help="skip the --workers runs")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.md_only:
+        write_md(json.loads((out / "mc.json").read_text()), out / "mc.md")
+        return 0
+    t0 = time.monotonic()
+    target = load_target("impl")
+    configs = QUICK_CONFIGS if a.quick else CHECK_ONCE_CONFIGS
+    res = {"quick": a.quick, "reps": a.reps, "cores": os.cpu_count(),
+           "machine": f"{platform.machine()}, Python {platform.python_version()}, {_cpu_name()}",
+           "load_start": round(os.getloadavg()[0], 2), "split": StepChecker().names()}
+    res["check_once"] = side_by_side(target, configs, a.reps,
+                                     [("before", {"check_once": False}), ("after", {"check_once": True})])
+    res["workers"] = [] if a.no_workers else side_by_side(
+        target, configs[:1], a.reps, [("1 worker", {"workers": 1}), ("2 workers", {"workers": 2})])
+    res["load_end"] = round(os.getloadavg()[0], 2)
+    res["seconds_total"] = round(time.monotonic() - t0, 1)
+    write_md(res, out / "mc.md")   # fills in the ratios
+    (out / "mc.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out / 'mc.json'} and {out / 'mc.md'} in {res['seconds_total']} s")
+    return 0
 
 
 if __name__ == "__main__":

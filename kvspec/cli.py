@@ -30,8 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"], help="API of a user target")
     c.add_argument("--level", choices=["pool", "cache", "all"], default="all")
     c.add_argument("--misuse", action="store_true", help="mix misuse calls into the valid operations")
+    c.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4 or full,chunked:8 (cache level; default: full, or drawn per example for targets that support groups)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--budget", type=float, default=30.0, help="seconds of search (default 30)")
+    c.add_argument("--budget", type=float, default=None,
+                   help="seconds of search (default 30); for interactive use: the verdict depends on the machine")
+    c.add_argument("--max-examples", type=int, default=None, metavar="N",
+                   help="deterministic mode: stop after N examples, never on time, so the same commit, target and "
+                        "seed give the same verdict, examples, steps and repro on any machine (for CI); "
+                        "excludes --budget")
+    c.add_argument("--derandomize", action="store_true",
+                   help="deterministic mode with the default example count (1000, "
+                        "kvspec.check.search.DETERMINISTIC_EXAMPLES) "
+                        "unless --max-examples is given; excludes --budget")
+    c.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="N worker processes with seeds SEED..SEED+N-1; all stop at the first violation (budget mode)")
+    c.add_argument("--db", default=None, metavar="DIR",
+                   help="Hypothesis example database directory shared by the workers and later runs: "
+                        "failures found before are replayed first (budget mode)")
+    c.add_argument("--op-timeout", type=float, default=10.0, metavar="S",
+                   help="seconds one target call may take before it is a NO_HANG finding (default 10; 0: off)")
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     c.add_argument("--report-dir", default=None, help="write repros and reports here (default reports/repros)")
 
@@ -43,8 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--blocks", type=int, default=5, help="usable blocks")
     m.add_argument("--depth", type=int, default=8)
     m.add_argument("--requests", type=int, default=2, help="cache level: live requests at most")
+    m.add_argument("--kv-groups", default="full", help="KV-cache groups sharing the pool, e.g. full,swa:4 (cache level)")
+    m.add_argument("--caching", choices=["on", "off"], default=None,
+                   help="prefix caching (default: on where the target supports it, else off)")
+    m.add_argument("--symmetry", choices=["on", "off"], default="on",
+                   help="merge states equal up to renaming blocks, labels, requests (default on)")
+    m.add_argument("--fork", choices=["auto", "compact", "pickle", "deepcopy", "replay", "driver"], default="auto",
+                   help="how a state is put back to try each op (default auto: the first that round-trips)")
+    m.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes for a level-synchronous parallel search (same states and counterexample)")
+    m.add_argument("--check-once", choices=["on", "off"], default="on",
+                   help="run the state invariants once per distinct state, as TLC does (default on)")
     m.add_argument("--time-cap", type=float, default=300.0)
-    m.add_argument("--mem-cap", type=float, default=2.0, help="GiB")
+    m.add_argument("--mem-cap", type=float, default=2.0, help="GiB the search may grow the process by")
     m.add_argument("--json", action="store_true")
     m.add_argument("--report-dir", default=None)
 
@@ -54,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--timeout", type=float, default=60.0)
     pt.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     pt.add_argument("--only", help="comma-separated patch ids")
+    pt.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4 or full,chunked:8 (cache level; default: full, or drawn per example for targets that support groups)")
     pt.add_argument("--json", action="store_true")
     pt.add_argument("--report-dir", default="reports")
 

@@ -39,7 +39,16 @@ as ``kvspec-ci``, ``kvspec-dev`` and ``kvspec-deep``, so that
 ``--kvspec-budget SECONDS`` turns a machine's run into a time budget: batches of
 ``BATCH`` examples until the budget is spent (under ``ci`` the first is the profile's
 derandomized batch and the next are seeded from ``--kvspec-seed``, so the run stays
-reproducible; the random profiles stay random).
+reproducible; the random profiles stay random). A budget makes the verdict depend
+on the machine's speed and load: for CI use example counts.
+
+``--kvspec-max-examples N`` is the deterministic mode: N examples per machine (the
+profile's settings otherwise), in batches seeded from ``--kvspec-seed``, with no
+deadline, no timed health check and a minimizer bounded by work, not seconds: the
+same commit, target and seed give the same verdict and repro on any machine. The
+``ci`` profile is deterministic too (100 derandomized examples, the same minimizer).
+``--kvspec-op-timeout S`` (default 10) turns a target call that does not return into
+a ``NO_HANG`` failure.
 
 Example database: the random profiles keep failing examples in Hypothesis's example
 database, ``--kvspec-db DIR`` (or ``KVSPEC_DB``) when given, else Hypothesis's default
@@ -60,65 +69,12 @@ from typing import Any, Optional
 
 import pytest
 
+# Hypothesis settings profiles: defined in kvspec.check.profiles, re-exported here.
+from kvspec.check.profiles import (MINIMIZE_BUDGET, PROFILES, STEPS, _common, _profile_name,  # noqa: F401
+                                   choose_profile, profile_settings, register_profiles)
+
 BATCH = 25                 # examples per batch under --kvspec-budget
-STEPS = 60                 # steps per example, as kvspec check (about 5x the largest pool)
 DEFAULT_REPRO_DIR = os.path.join("reports", "repros")
-
-# -- Hypothesis settings profiles: the one place they are defined ---------------------
-PROFILES: dict[str, dict[str, Any]] = {
-    "ci": dict(max_examples=100, stateful_step_count=STEPS, derandomize=True, database=None),
-    "dev": dict(max_examples=50, stateful_step_count=STEPS, derandomize=False),
-    "deep": dict(max_examples=5000, stateful_step_count=2 * STEPS, derandomize=False),
-}
-# Seconds of ddmin and of bounded shortest-path search when cutting a failure down.
-MINIMIZE_BUDGET = {"ci": (5.0, 4.0), "dev": (5.0, 4.0), "deep": (20.0, 30.0)}
-
-
-def _common() -> dict[str, Any]:
-    from hypothesis import HealthCheck, Phase, Verbosity
-
-    # Generation and replay only: a failure is cut down by kvspec.check.minimize (what
-    # ``kvspec check`` does), which finds shorter sequences than shrinking, sooner.
-    return dict(deadline=None, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                phases=(Phase.explicit, Phase.reuse, Phase.generate), verbosity=Verbosity.quiet, print_blob=False)
-
-
-def profile_settings(name: str, database: Optional[str] = None):
-    """The Hypothesis ``settings`` of kvspec profile ``name`` (``database``: a directory)."""
-    from hypothesis import settings
-
-    if name not in PROFILES:
-        raise ValueError(f"unknown kvspec profile {name!r}: choose {', '.join(PROFILES)}")
-    kw = {**_common(), **PROFILES[name]}
-    if database and not kw.get("derandomize"):
-        from hypothesis.database import DirectoryBasedExampleDatabase
-        kw["database"] = DirectoryBasedExampleDatabase(database)
-    return settings(**kw)
-
-
-def register_profiles() -> None:
-    """Register ``kvspec-ci``, ``kvspec-dev`` and ``kvspec-deep`` with Hypothesis."""
-    from hypothesis import settings
-
-    for name in PROFILES:
-        settings.register_profile(f"kvspec-{name}", profile_settings(name))
-
-
-def _profile_name(value: str) -> str:
-    return value[len("kvspec-"):] if value.startswith("kvspec-") else value
-
-
-def choose_profile(explicit: Optional[str] = None) -> str:
-    """The kvspec profile to run: see the module doc for the order."""
-    for value in (explicit, os.environ.get("KVSPEC_PROFILE")):
-        if value:
-            if _profile_name(value) not in PROFILES:
-                raise ValueError(f"unknown kvspec profile {value!r}: choose {', '.join(PROFILES)}")
-            return _profile_name(value)
-    hyp = os.environ.get("HYPOTHESIS_PROFILE")
-    if hyp and _profile_name(hyp) in PROFILES:  # a profile of the user's own is none of ours
-        return _profile_name(hyp)
-    return "ci" if os.environ.get("CI") else "dev"
 
 
 # -- what a run is configured with --------------------------------------------------
@@ -127,11 +83,13 @@ class RunOptions:
     level: str = "all"                 # levels to run: pool, cache or all (those the target supports)
     profile: Optional[str] = None      # None: choose_profile()
     budget: Optional[float] = None     # seconds per machine; None: one run of the profile's examples
+    max_examples: Optional[int] = None  # deterministic: this many examples per machine, seeded from ``seed``
     seed: int = 0
     repro_dir: str = DEFAULT_REPRO_DIR
     database: Optional[str] = None     # example database directory (random profiles)
     api: Optional[str] = None          # --api of a user target
     patch: Optional[str] = None        # --patch for --kvspec-target
+    kv_groups: Optional[str] = None    # --kv-groups of the cache machine (None: the machine's default)
 
 
 _ACTIVE = RunOptions()  # what pytest_configure read from the command line
@@ -174,12 +132,17 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
     opts = options or _ACTIVE
     profile = choose_profile(opts.profile)
     base = profile_settings(profile, opts.database or os.environ.get("KVSPEC_DB"))
-    machine = (cache_machine if level == "cache" else pool_machine)(target)
+    machine = cache_machine(target, kv_groups=opts.kv_groups) if level == "cache" else pool_machine(target)
     start = time.monotonic()
     batch = 0
     found: Optional[InvariantViolation] = None
     while found is None:
-        if opts.budget is None:
+        if opts.max_examples is not None:  # deterministic: example counts only, never the clock
+            left = opts.max_examples - machine.counters["examples"]
+            if left <= 0:
+                break
+            s = settings(base, max_examples=min(BATCH, left), derandomize=False, database=None)
+        elif opts.budget is None:
             s = base
         elif batch == 0:
             s = settings(base, max_examples=min(BATCH, base.max_examples))
@@ -190,7 +153,7 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
         # Hypothesis keys its database on the test function's source, which is the same
         # for every state machine: give each (target, level) its own key.
         test._hypothesis_internal_database_key = _db_key(spec, target, level)
-        if batch and base.derandomize:  # a derandomized profile stays reproducible batch after batch
+        if opts.max_examples is not None or (batch and base.derandomize):  # reproducible batch after batch
             hyp_seed(opts.seed * 100_003 + batch)(test)
         batch += 1
         try:
@@ -201,6 +164,8 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
             found = next((x for x in getattr(e, "exceptions", []) if isinstance(x, InvariantViolation)), None)
             if found is None:
                 raise
+        if opts.max_examples is not None:
+            continue
         if opts.budget is None or time.monotonic() - start >= opts.budget:
             break
     counters = dict(machine.counters, seconds=round(time.monotonic() - start, 3), profile=profile)
@@ -222,9 +187,12 @@ def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: Run
     invariant = violations[0].invariant
     minimal = None
     ddmin_s, bfs_s = MINIMIZE_BUDGET.get(profile, MINIMIZE_BUDGET["ci"])
+    # A derandomized profile (ci) or an example count: the repro must not depend on the
+    # machine either, so the minimizer is bounded by work, not seconds.
+    deterministic = opts.max_examples is not None or bool(PROFILES.get(profile, {}).get("derandomize"))
     try:
         steps, minimal, config = minimize_finding(target, config, steps, invariant, budget_s=ddmin_s,
-                                                  bfs_budget_s=bfs_s)
+                                                  bfs_budget_s=bfs_s, deterministic=deterministic)
         out = run_steps(target, config, steps)
         if out.failed and out.invariant == invariant:
             violations = out.violations
@@ -270,6 +238,11 @@ def pytest_addoption(parser) -> None:
                 help="which machines to run (default: all the target supports)")
     g.addoption("--kvspec-budget", type=float, default=None, metavar="SECONDS",
                 help="seconds per machine (default: one run of the profile's examples)")
+    g.addoption("--kvspec-max-examples", type=int, default=None, metavar="N",
+                help="deterministic: N examples per machine seeded from --kvspec-seed, no time limit anywhere "
+                     "(same verdict on any machine; excludes --kvspec-budget)")
+    g.addoption("--kvspec-op-timeout", type=float, default=None, metavar="S",
+                help="seconds one target call may take before it is a NO_HANG finding (default 10; 0: off)")
     g.addoption("--kvspec-profile", default=None, choices=sorted(PROFILES),
                 help="Hypothesis settings for kvspec's machines: ci (derandomized, bounded), dev, "
                      "deep (nightly); default: KVSPEC_PROFILE / HYPOTHESIS_PROFILE, else ci under CI, else dev")
@@ -281,11 +254,23 @@ def pytest_addoption(parser) -> None:
                 help="ci profile with a budget: seed of the batches after the first")
     g.addoption("--kvspec-repro-dir", default=None, metavar="DIR",
                 help=f"where failing runs write repro files (default: {DEFAULT_REPRO_DIR} under the rootdir)")
+    g.addoption("--kvspec-kv-groups", default=None, metavar="SPEC",
+                help="KV-cache groups of the cache machine, e.g. full,swa:4 (as kvspec check --kv-groups)")
     g.addoption("--kvspec-db", default=None, metavar="DIR",
                 help="Hypothesis example database directory for kvspec's machines (default: Hypothesis's)")
 
 
 _SAVED = pytest.StashKey[tuple]()
+_SAVED_TIMEOUT = pytest.StashKey[object]()
+
+
+def _kv_groups(config) -> Optional[str]:
+    from kvspec.spec.model.groups import canonical_groups
+    spec = config.getoption("--kvspec-kv-groups", None)
+    try:
+        return None if spec is None else canonical_groups(spec)
+    except ValueError as e:
+        raise pytest.UsageError(f"--kvspec-kv-groups: {e}") from None
 
 
 def pytest_configure(config) -> None:
@@ -297,12 +282,20 @@ def pytest_configure(config) -> None:
     budget = config.getoption("--kvspec-budget", None)
     if budget is not None and budget <= 0:
         raise pytest.UsageError("--kvspec-budget must be positive")
+    max_examples = config.getoption("--kvspec-max-examples", None)
+    if max_examples is not None and (max_examples <= 0 or budget is not None):
+        raise pytest.UsageError("--kvspec-max-examples must be positive and cannot be combined with --kvspec-budget")
+    op_timeout = config.getoption("--kvspec-op-timeout", None)
+    if op_timeout is not None:
+        from kvspec.check import watchdog
+        config.stash[_SAVED_TIMEOUT] = watchdog.default()
+        watchdog.set_default(op_timeout)
     repro = config.getoption("--kvspec-repro-dir", None) or str(Path(config.rootpath) / DEFAULT_REPRO_DIR)
     _ACTIVE = RunOptions(level=config.getoption("--kvspec-level", "all") or "all",
-                         profile=config.getoption("--kvspec-profile", None), budget=budget,
+                         profile=config.getoption("--kvspec-profile", None), budget=budget, max_examples=max_examples,
                          seed=config.getoption("--kvspec-seed", 0) or 0, repro_dir=repro,
                          database=config.getoption("--kvspec-db", None), api=config.getoption("--kvspec-api", None),
-                         patch=config.getoption("--kvspec-patch", None))
+                         patch=config.getoption("--kvspec-patch", None), kv_groups=_kv_groups(config))
     try:
         choose_profile(_ACTIVE.profile)
     except ValueError as e:
@@ -315,6 +308,9 @@ def pytest_unconfigure(config) -> None:
     if saved is not None:
         _ACTIVE, _CONFIGURED, ran = saved
         _RAN[:] = ran
+    if _SAVED_TIMEOUT in config.stash:
+        from kvspec.check import watchdog
+        watchdog.set_default(config.stash[_SAVED_TIMEOUT])
 
 
 def pytest_report_header(config) -> Optional[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis import strategies as st
 
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Op
@@ -59,21 +60,36 @@ class KVMachine(RuleBasedStateMachine):
         self.tainted = False  # a robustness finding left the target off the model
         type(self).counters["examples"] += 1
 
+    def draw_caching(self, data) -> bool:
+        """Prefix caching on or off for this example, from the modes the target declares
+        (mostly on where it supports both: most of the catalogue needs a cache)."""
+        modes = getattr(self.target.traits, "caching_modes", (True,))
+        if len(modes) == 1:
+            return modes[0]  # nothing drawn: a one-mode target's examples stay as they were
+        return data.draw(st.sampled_from((True, True, True, False)), label="caching")
+
     def start(self, config: Config) -> None:
         self.session = Session(self.target, config)
         if self.session.initial:
             raise violation_error(self.session.initial[0].invariant)(self.session.initial, [], config)
 
+    def supports(self, op_name: str) -> bool:
+        """Whether the target has an API for this op (``Traits.unsupported_ops``)."""
+        return op_name not in getattr(self.target.traits, "unsupported_ops", ())
+
     def run(self, op: Op) -> None:
         s = self.session
         if s is None or self.tainted:
             return
+        if type(op).__name__ in getattr(s.traits, "unsupported_ops", ()):
+            return  # the target has no API for it (Traits.unsupported_ops)
         type(self).counters["steps"] += 1
         misuse = s.misuse_reason(op)
         found = s.apply(op)
         if not found:
             return
-        if misuse is not None and not s.documents_misuse and self.on_robustness is not None:
+        if misuse is not None and not s.documents_misuse and self.on_robustness is not None \
+                and found[0].invariant != "NO_HANG":  # a hang is never a misuse's fair answer
             self.on_robustness(found, list(s.steps), s.config, misuse)
             self.tainted = True
             return

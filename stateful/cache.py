@@ -7,19 +7,32 @@ evictions all happen within a short run.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Admit, Finish, Preempt, Step
+from kvspec.spec.ops import Admit, Finish, Prefill, Preempt, Step, Verify
 from kvspec.targets.base import Target
 
 from kvspec.stateful.base import KVMachine, RobustnessSink
 
 MAX_LIVE = 4   # requests alive at once
 NUM_CHUNKS = 3
+# Drawn per example for targets with ``cache_features`` unless --kv-groups pins one.
+GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,chunked:4", "swa:3",
+               "full,swa:2,chunked:4")
+# Extra-key labels; a multimodal hash always names the same one-token input.
+EXTRAS = ("lora:A", "lora:B", "salt:s", "salt:t", "mm:X@1", "mm:Y@1", "mm:X@2", "lora:A;salt:s")
+# Built once: building strategies per draw costs more than running the step. Counts are
+# drawn from a fixed range and cut to the prompt.
+_CHUNK = st.one_of(st.none(), st.integers(1, 16))
+_EXTERNAL = st.one_of(st.just(0), st.integers(0, 16))
+_EXTRA = st.one_of(st.none(), st.sampled_from(EXTRAS))
+_DRAFT_COUNT = st.one_of(st.just(0), st.integers(0, 3))
+_SMALL = st.integers(1, 4)
 
 
 def chunk_tokens(block_size: int) -> list[list[int]]:
@@ -27,11 +40,25 @@ def chunk_tokens(block_size: int) -> list[list[int]]:
     return [[10 * c + i + 1 for i in range(block_size)] for c in range(NUM_CHUNKS)]
 
 
+@lru_cache(maxsize=None)  # one strategy per block size: building it per draw is slow
 def prompts(block_size: int) -> st.SearchStrategy:
     chunks = chunk_tokens(block_size)
     body = st.lists(st.sampled_from(chunks), min_size=0, max_size=3).map(lambda cs: [t for c in cs for t in c])
     tail = st.lists(st.sampled_from([t for c in chunks for t in c]), min_size=0, max_size=max(block_size - 1, 0))
     return st.tuples(body, tail).map(lambda bt: tuple(bt[0] + bt[1])).filter(bool)
+
+
+def whole_block_chunks(spec: str, block_size: int) -> str:
+    """``spec`` with every drawn chunk size rounded up to whole blocks. vLLM's chunked local
+    attention assumes it (unchecked: reports/vllm.md, upstream findings) and real chunk
+    sizes (8192) always are; a chunk pinned with --kv-groups is left as given."""
+    out = []
+    for part in spec.split(","):
+        kind, _, size = part.partition(":")
+        if kind == "chunked" and int(size) % block_size:
+            part = f"chunked:{-(-int(size) // block_size) * block_size}"
+        out.append(part)
+    return ",".join(out)
 
 
 class CacheMachine(KVMachine):
@@ -44,7 +71,35 @@ class CacheMachine(KVMachine):
         lo = getattr(self.target.traits, "min_block_size", 1)  # below it: outside the target's contract
         bs = data.draw(self.block_sizes.filter(lambda b: b >= lo), label="block_size")
         self.next_id = 1
-        self.start(Config(level="cache", num_blocks=n, block_size=bs))
+        extra = {}
+        if self.features:
+            extra["kv_groups"] = self.kv_groups or whole_block_chunks(
+                data.draw(st.sampled_from(GROUP_SPECS), label="kv_groups"), bs)
+            extra["max_model_len"] = data.draw(st.one_of(st.none(), st.integers(3, 16)), label="max_model_len")
+        elif self.kv_groups is not None:
+            extra["kv_groups"] = self.kv_groups
+        self.start(Config(level="cache", num_blocks=n, block_size=bs, caching=self.draw_caching(data), **extra))
+
+    # -- KV-cache groups, chunked prefill, drafts, extra keys, connector tokens ----------
+    kv_groups: Optional[str] = None   # pinned by --kv-groups; None: drawn where the target supports groups
+
+    @property
+    def features(self) -> bool:
+        return bool(getattr(self.target.traits, "cache_features", False))
+
+    def _admit_options(self, data, n: int, new: bool) -> dict:
+        """Chunk, extra keys and connector tokens of an admission (targets with features)."""
+        if not self.features:
+            return {}
+        chunk = data.draw(_CHUNK, label="chunk")
+        out = {"chunk": None if chunk is None else min(chunk, max(n, 1)),
+               "external": min(data.draw(_EXTERNAL, label="external"), n)}
+        if new:
+            out["extra"] = data.draw(_EXTRA, label="extra")
+        return out
+
+    def _steppable(self) -> list[str]:
+        return self.m.steppable() if self.features else self.m.running()
 
     @property
     def m(self):
@@ -55,19 +110,26 @@ class CacheMachine(KVMachine):
     def admit_new(self, data):
         rid = f"r{self.next_id}"
         self.next_id += 1
-        self.run(Admit(rid, data.draw(prompts(self.session.config.block_size), label="prompt")))
+        prompt = data.draw(prompts(self.session.config.block_size), label="prompt")
+        self.run(Admit(rid, prompt, **self._admit_options(data, len(prompt), True)))
 
     @precondition(lambda self: self.session and self.m.waiting())
     @rule(data=st.data())
     def admit_waiting(self, data):
-        self.run(Admit(data.draw(st.sampled_from(self.m.waiting()), label="req")))
+        rid = data.draw(st.sampled_from(self.m.waiting()), label="req")
+        self.run(Admit(rid, **self._admit_options(data, len(self.m.reqs[rid].tokens), False)))
 
-    @precondition(lambda self: self.session and self.m.running())
+    @precondition(lambda self: self.session and self._steppable())
     @rule(data=st.data())
     def step(self, data):
-        rid = data.draw(st.sampled_from(self.m.running()), label="req")
+        rid = data.draw(st.sampled_from(self._steppable()), label="req")
         tokens = [t for c in chunk_tokens(self.session.config.block_size) for t in c]
-        self.run(Step(rid, data.draw(st.sampled_from(tokens), label="token")))
+        token = data.draw(st.sampled_from(tokens), label="token")
+        drafts = ()
+        if self.features:
+            k = data.draw(_DRAFT_COUNT, label="drafts")
+            drafts = tuple(data.draw(st.sampled_from(tokens), label="draft") for _ in range(k))
+        self.run(Step(rid, token, drafts))
 
     @precondition(lambda self: self.session and self.m.running())
     @rule(data=st.data())
@@ -91,11 +153,30 @@ class CacheMachine(KVMachine):
         self.run(Preempt(data.draw(st.sampled_from(self.m.waiting()), label="req")))
 
 
+class FeatureCacheMachine(CacheMachine):
+    """The cache machine with the rules of chunked prefill and draft verification, for
+    targets with ``cache_features`` (kept apart so that other targets draw exactly the
+    sequences they always did)."""
+
+    @precondition(lambda self: self.session and self.features and self.m.prefilling())
+    @rule(data=st.data())
+    def prefill(self, data):
+        rid = data.draw(st.sampled_from(self.m.prefilling()), label="req")
+        self.run(Prefill(rid, data.draw(_SMALL, label="n")))
+
+    @precondition(lambda self: self.session and self.features and self.m.drafting())
+    @rule(data=st.data())
+    def verify(self, data):
+        rid = data.draw(st.sampled_from(self.m.drafting()), label="req")
+        self.run(Verify(rid, data.draw(st.integers(0, len(self.m.reqs[rid].drafts)), label="accepted")))
+
+
 def cache_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
-                  sizes: Optional[st.SearchStrategy] = None) -> type[CacheMachine]:
-    """A CacheMachine subclass bound to ``target``."""
+                  sizes: Optional[st.SearchStrategy] = None, kv_groups: Optional[str] = None) -> type[CacheMachine]:
+    """A CacheMachine subclass bound to ``target`` (``kv_groups`` pins its KV-cache groups)."""
     attrs = dict(target=target, misuse=misuse, on_robustness=staticmethod(on_robustness) if on_robustness else None,
-                 counters={"examples": 0, "steps": 0})
+                 counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
     if sizes is not None:
         attrs["sizes"] = sizes
-    return type(f"CacheMachine_{target.name}", (CacheMachine,), attrs)
+    base = FeatureCacheMachine if getattr(target.traits, "cache_features", False) else CacheMachine
+    return type(f"CacheMachine_{target.name}", (base,), attrs)

@@ -25,7 +25,8 @@ class PoolMachine(KVMachine):
 
     @initialize(data=st.data())
     def setup(self, data):
-        self.start(Config(level="pool", num_blocks=data.draw(self.sizes, label="num_blocks")))
+        n = data.draw(self.sizes, label="num_blocks")
+        self.start(Config(level="pool", num_blocks=n, caching=self.draw_caching(data)))
 
     @property
     def m(self):
@@ -41,13 +42,13 @@ class PoolMachine(KVMachine):
     def free(self, data):
         self.run(Free(tuple(data.draw(_ordered_subset(self.m.held()), label="blocks"))))
 
-    @precondition(lambda self: self.session and (self.m.cached() or self.m.held()))
+    @precondition(lambda self: self.session and self.supports("Touch") and (self.m.cached() or self.m.held()))
     @rule(data=st.data())
     def touch(self, data):
         pool = sorted(set(self.m.cached()) | set(self.m.held()))
         self.run(Touch(tuple(data.draw(_ordered_subset(pool), label="blocks"))))
 
-    @precondition(lambda self: self.session and self.m.caching
+    @precondition(lambda self: self.session and self.m.caching and self.supports("Cache")
                   and any(self.m.hash[b] is None for b in self.m.held()))
     @rule(data=st.data())
     def cache(self, data):
@@ -56,12 +57,12 @@ class PoolMachine(KVMachine):
         labels = data.draw(st.lists(st.sampled_from(LABELS), min_size=len(blocks), max_size=len(blocks)), label="hashes")
         self.run(Cache(tuple(blocks), tuple(labels)))
 
-    @precondition(lambda self: self.session is not None)
+    @precondition(lambda self: self.session is not None and self.supports("Lookup"))
     @rule(label=st.sampled_from(LABELS))
     def lookup(self, label):
         self.run(Lookup(label))
 
-    @precondition(lambda self: self.session is not None)
+    @precondition(lambda self: self.session is not None and self.supports("Reset"))
     @rule()
     def reset(self):
         self.run(Reset())
@@ -81,9 +82,10 @@ class PoolMachine(KVMachine):
         free = self.m.free_count()
         self.run(Alloc(data.draw(st.sampled_from([-1, -2, free + 1, free + 3]), label="n")))
 
-    @precondition(lambda self: self.misuse and self.session and self.m.held())
+    @precondition(lambda self: self.misuse and self.session and self.m.caching and self.m.held()
+                  and self.supports("Cache"))
     @rule(data=st.data())
-    def misuse_cache(self, data):
+    def misuse_cache(self, data):  # with caching off, caching is a no-op, as in vLLM
         blocks = tuple(data.draw(_ordered_subset(self.m.held()), label="blocks"))
         if data.draw(st.booleans(), label="partial"):
             self.run(CachePartial(blocks, tuple(LABELS[: len(blocks) - 1])))
@@ -95,7 +97,8 @@ class PoolMachine(KVMachine):
     def misuse_foreign(self):
         self.run(FreeForeign(1))
 
-    @precondition(lambda self: self.misuse and self.session is not None and self.m.null is not None)
+    @precondition(lambda self: self.misuse and self.session is not None and self.m.null is not None
+                  and self.supports("Touch"))
     @rule()
     def misuse_touch_null(self):
         self.run(Touch((self.m.null,)))

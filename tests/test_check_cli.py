@@ -19,15 +19,15 @@ def run_json(args, capsys):
 
 
 def test_default_check_passes_with_the_contract_keys(capsys, tmp_path):
-    rc, d, _ = run_json(["check", "--budget", "3", "--report-dir", str(tmp_path)], capsys)
+    rc, d, _ = run_json(["check", "--max-examples", "60", "--report-dir", str(tmp_path)], capsys)
     assert rc == 0 and d["verdict"] == "pass"
-    for key in ("target", "verdict", "violations", "examples", "seconds"):
+    for key in ("target", "verdict", "violations", "examples", "seconds", "steps"):
         assert key in d
     assert d["examples"] > 0 and d["steps"] > 0 and d["levels"] == ["pool", "cache"]
 
 
 def test_misuse_check_on_impl_passes(capsys, tmp_path):
-    rc, d, _ = run_json(["check", "--misuse", "--budget", "4", "--report-dir", str(tmp_path)], capsys)
+    rc, d, _ = run_json(["check", "--misuse", "--max-examples", "100", "--report-dir", str(tmp_path)], capsys)
     assert rc == 0 and d["verdict"] == "pass" and d["robustness"] == []
 
 
@@ -38,7 +38,7 @@ FOUNDATION = ["no_evict", "touch_no_remove", "ref_not_decremented", "partial_cac
 @pytest.mark.parametrize("bug", FOUNDATION)
 def test_each_self_test_patch_is_reported_with_its_invariant(bug, capsys, tmp_path):
     meta = {b["id"]: b for b in json.loads((CORPUS / "bugs.json").read_text())}[bug]
-    rc, d, _ = run_json(["check", "--patch", str(CORPUS / meta["file"]), "--budget", "30", "--seed", "1",
+    rc, d, _ = run_json(["check", "--patch", str(CORPUS / meta["file"]), "--max-examples", "1000", "--seed", "1",
                          "--report-dir", str(tmp_path)], capsys)
     assert rc == 1 and d["verdict"] == "violation"
     v = d["violations"][0]
@@ -48,7 +48,7 @@ def test_each_self_test_patch_is_reported_with_its_invariant(bug, capsys, tmp_pa
 
 
 def test_repro_file_fails_on_the_patch_and_passes_without_it(capsys, tmp_path):
-    rc, d, _ = run_json(["check", "--patch", str(CORPUS / "no_evict.diff"), "--budget", "30",
+    rc, d, _ = run_json(["check", "--patch", str(CORPUS / "no_evict.diff"), "--max-examples", "1000",
                          "--report-dir", str(tmp_path)], capsys)
     repro = d["violations"][0]["repro"]
     env = dict(os.environ)
@@ -67,6 +67,10 @@ def test_repro_file_fails_on_the_patch_and_passes_without_it(capsys, tmp_path):
     (["check", "--target", "no_such_module_xyz:Pool"], "no_such_module_xyz"),
     (["check", "--patch", "/does/not/exist.diff"], "cannot read patch"),
     (["check", "--budget", "-1"], "budget"),
+    (["check", "--budget", "5", "--max-examples", "10"], "--budget cannot be combined"),
+    (["check", "--budget", "5", "--derandomize"], "--budget cannot be combined"),
+    (["check", "--max-examples", "0"], "max-examples"),
+    (["check", "--op-timeout", "-1"], "op-timeout"),
     (["check", "--level", "sideways"], "level"),
 ])
 def test_usage_and_target_errors_are_one_line_exit_2(args, needle):
@@ -91,7 +95,7 @@ def test_target_crash_under_valid_use_is_a_finding_with_a_repro(capsys, tmp_path
         "         blocks = self.free_block_queue.popleft_n(num_blocks)\n"
         "+        if num_blocks == 3:\n+            raise RuntimeError('boom')\n"
         "         for block in blocks:\n")
-    rc, d, _ = run_json(["check", "--patch", str(crash), "--level", "pool", "--budget", "30",
+    rc, d, _ = run_json(["check", "--patch", str(crash), "--level", "pool", "--max-examples", "1000",
                          "--report-dir", str(tmp_path)], capsys)
     assert rc == 1
     v = d["violations"][0]

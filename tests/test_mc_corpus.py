@@ -48,7 +48,7 @@ def test_check_reports_mc_shortest_length(bug, tmp_path, monkeypatch):
 
     # check: Hypothesis, ddmin, then the bounded BFS
     report = run_check(target, "impl", patch=path, patch_text=patch_text, level=bug["level"], seed=1,
-                       budget=30, report_dir=str(tmp_path / "check"))
+                       max_examples=1000, report_dir=str(tmp_path / "check"))
     assert report.violations, bug["id"]
     f = report.violations[0]
     assert f.minimal is True, (bug["id"], f.steps, f.config)
@@ -71,3 +71,22 @@ def test_check_reports_mc_shortest_length(bug, tmp_path, monkeypatch):
         with pytest.raises(AssertionError, match=f.invariant):
             run_repro_file(repro, monkeypatch, None)
         run_repro_file(repro, monkeypatch, "none")
+
+
+ALL_BUGS = json.loads((CORPUS / "bugs.json").read_text())
+
+
+@pytest.mark.parametrize("bug", ALL_BUGS, ids=[b["id"] for b in ALL_BUGS])
+def test_checking_a_state_once_finds_every_bug_at_the_same_length(bug):
+    """The state invariants run once per distinct state (the default) or after every
+    transition: the same verdict, states, and shortest counterexample, for every corpus
+    bug, pool and cache level (bounded by a state count, never by time)."""
+    target = load_target("impl", patch=str(CORPUS / bug["file"]))
+    cfg = Config(level=bug["level"], num_blocks=4 + 1)
+    once = model_check(target, cfg, 8, max_states=800, time_cap=600, check_once=True)
+    every = model_check(target, cfg, 8, max_states=800, time_cap=600, check_once=False)
+    assert (once.verdict, once.states, once.levels, once.invariant, once.counterexample) == \
+        (every.verdict, every.states, every.levels, every.invariant, every.counterexample), bug["id"]
+    assert once.check_once and not every.check_once
+    if bug.get("foundation"):
+        assert once.verdict == "violation", bug["id"]

@@ -37,6 +37,9 @@ class Block:
 
 
 class BlockManager:
+    # its policies, declared (kvspec never probes them): can_allocate counts every block
+    kvspec_traits = {"admit_all_blocks": True}
+
     def __init__(self, num_blocks, block_size):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
@@ -137,12 +140,12 @@ def _repro_path(text: str) -> Path:
 def _nano_target(source: str, tmp_path: Path, name: str):
     """The manager above as a Target, through the nano-vllm adapter directly (no loader)."""
     from kvspec.targets.nano_sequence import Sequence
-    from kvspec.targets.nanovllm_target import NanoTarget, detect_nano_api, nano_traits
+    from kvspec.targets.nanovllm_target import NanoTarget, declared_nano_traits, detect_nano_api
 
     ns: dict = {}
     exec(compile(source, str(tmp_path / f"{name}.py"), "exec"), ns)
     bm = ns["BlockManager"]
-    return NanoTarget(bm, Sequence, name, nano_traits(bm, Sequence, detect_nano_api(bm)))
+    return NanoTarget(bm, Sequence, name, declared_nano_traits(bm, Sequence, detect_nano_api(bm), name))
 
 
 # -- the acceptance test: --kvspec-target FILE.py:NAME on a fresh project -------------------
@@ -150,7 +153,7 @@ def _nano_target(source: str, tmp_path: Path, name: str):
 def test_target_on_command_line_runs_kvspec_machines(pytester):
     pytester.makepyfile(block_manager=CORRECT)
     result = pytester.runpytest_subprocess("--kvspec-target", "block_manager.py:BlockManager", "-v",
-                                           "--kvspec-budget", "1", *FAST)
+                                           "--kvspec-max-examples", "30", *FAST)
     result.stdout.fnmatch_lines(["*kvspec*block_manager.py:BlockManager*cache PASSED*"])
     seen = outcomes(result)
     assert seen.get("passed") == 1 and "failed" not in seen, seen  # nano-vllm style: cache level only
@@ -183,7 +186,7 @@ def test_machines_for_impl_passes(pytester):
         from kvspec.stateful import machines_for
         TestImpl = machines_for("impl")
     """)
-    result = pytester.runpytest("-v", *FAST, "--kvspec-budget", "0.5")
+    result = pytester.runpytest("-v", *FAST, "--kvspec-max-examples", "20")
     result.stdout.fnmatch_lines(["*TestImpl::test_cache PASSED*", "*TestImpl::test_pool PASSED*"])
     assert outcomes(result) == {"passed": 2}
 
@@ -209,7 +212,7 @@ def test_machines_for_nano_style_class_without_loader(tmp_path):
 
     good = machines_for(_nano_target(CORRECT, tmp_path, "good_bm"))
     assert [m for m in dir(good) if m.startswith("test_")] == ["test_cache"]  # no pool-level API
-    opts = RunOptions(profile="ci", budget=1.0, repro_dir=str(tmp_path / "repros"))
+    opts = RunOptions(profile="ci", max_examples=200, repro_dir=str(tmp_path / "repros"))
     counters = run_machine(good.kvspec_target, "good_bm", "cache", opts)
     assert counters["steps"] > 0
     bad = _nano_target(FULL_HIT, tmp_path, "bad_bm")
@@ -230,7 +233,7 @@ def test_xdist_runs_target_and_machines_for_with_failures_reported(pytester):
 
         TestPatched = machines_for("impl", patch={str(CORPUS / 'ref_not_decremented.diff')!r}, level="pool")
     """)
-    result = pytester.runpytest_subprocess("-n", "2", "--kvspec-target", "impl", "--kvspec-budget", "0.5", *FAST)
+    result = pytester.runpytest_subprocess("-n", "2", "--kvspec-target", "impl", "--kvspec-max-examples", "20", *FAST)
     text = result.stdout.str()
     assert outcomes(result) == {"passed": 3, "failed": 1}, text  # kvspec[impl]::pool/cache, test_user_own
     assert re.search(r"2 workers", text), text
@@ -253,8 +256,27 @@ def test_options_and_level_selection(pytester):
     text = result.stdout.str()
     assert "kvspec[impl]::pool" in text and "kvspec[impl]::cache" not in text and "test_x.py::test_x" in text
     help_text = pytester.runpytest("--help").stdout.str()
-    for opt in ("--kvspec-target", "--kvspec-level", "--kvspec-budget", "--kvspec-profile", "--kvspec-db"):
+    for opt in ("--kvspec-target", "--kvspec-level", "--kvspec-budget", "--kvspec-profile", "--kvspec-db",
+                "--kvspec-max-examples", "--kvspec-op-timeout"):
         assert opt in help_text
+
+
+def test_max_examples_runs_the_same_examples_twice(tmp_path):
+    """--kvspec-max-examples: counts, never seconds; two runs do the same work, a third
+    with another seed differs (so the comparison can fail)."""
+    from kvspec.pytest_plugin import RunOptions, run_machine
+    from kvspec.targets import load_target
+
+    t = load_target("impl")
+    runs = [run_machine(t, "impl", "pool", RunOptions(profile="dev", max_examples=30, seed=s,
+                                                       repro_dir=str(tmp_path))) for s in (3, 3, 4)]
+    a, b, c = [(r["examples"], r["steps"]) for r in runs]
+    assert a == b and a[0] >= 30 and a != c
+
+
+def test_max_examples_excludes_budget(pytester):
+    result = pytester.runpytest("--kvspec-max-examples", "5", "--kvspec-budget", "1", *FAST)
+    assert result.ret != 0 and "cannot be combined" in result.stderr.str()
 
 
 # -- profiles and the example database ---------------------------------------------------------

@@ -30,7 +30,7 @@ def failing(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
     patch = str(CORPUS / "touch_no_remove.diff")
     target = load_target("impl", patch=patch)
-    report = run_check(target, "impl", patch=patch, level="pool", budget=10, report_dir=str(d))
+    report = run_check(target, "impl", patch=patch, level="pool", max_examples=500, report_dir=str(d))
     assert report.verdict == "violation"
     return report, d, write_check_reports(report, str(d), target)
 
@@ -77,7 +77,7 @@ def test_markdown_has_steps_table_and_before_after_blocks(failing):
 
 def test_passing_run(tmp_path):
     target = load_target("impl")
-    report = run_check(target, "impl", level="all", budget=0.5, report_dir=str(tmp_path))
+    report = run_check(target, "impl", level="all", max_examples=20, report_dir=str(tmp_path))
     write_check_reports(report, str(tmp_path), target)
     root = _junit(tmp_path / JUNIT_NAME)
     assert root.get("failures") == "0" and root.find("testsuite/testcase/failure") is None
@@ -106,7 +106,7 @@ def test_robustness_finding_is_reported_without_failing(tmp_path):
 def test_check_cli_writes_the_reports(tmp_path, capsys):
     d = tmp_path / "out"
     rc = main(["check", "--target", "impl", "--patch", str(CORPUS / "no_evict.diff"), "--level", "pool",
-               "--budget", "10", "--report-dir", str(d), "--json"])
+               "--max-examples", "500", "--report-dir", str(d), "--json"])
     assert rc == 1
     out = json.loads(capsys.readouterr().out)
     assert out["verdict"] == "violation"

@@ -39,6 +39,8 @@ from kvspec.targets.base import Target
 
 BFS_BUDGET_S = 8.0      # seconds of bounded BFS per finding, all configurations together
 BFS_MAX_DEPTH = 12      # a ddmin result longer than this is not searched
+BFS_MAX_STATES = 30_000   # deterministic mode: states of bounded BFS per finding instead of seconds
+DDMIN_MAX_TESTS = 1_000   # deterministic mode: candidate replays of ddmin instead of seconds
 
 
 def fails_with(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool) -> bool:
@@ -56,18 +58,21 @@ def fails_with(target: Target, config: Config, steps: Sequence[Op], invariant: s
 
 
 def ddmin(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,
-          budget_s: float = 10.0) -> list[Op]:
-    """Zeller's ddmin: a 1-minimal sub-list that still fails with ``invariant``."""
+          budget_s: float = 10.0, max_tests: Optional[int] = None) -> list[Op]:
+    """Zeller's ddmin: a 1-minimal sub-list that still fails with ``invariant`` (unless
+    ``budget_s`` seconds or ``max_tests`` candidate replays run out first)."""
     deadline = time.monotonic() + budget_s
     cur = list(steps)
     n = 2
-    while len(cur) >= 2 and time.monotonic() < deadline:
+    tests = 0
+    while len(cur) >= 2 and time.monotonic() < deadline and (max_tests is None or tests < max_tests):
         chunk = max(len(cur) // n, 1)
         parts = [cur[i:i + chunk] for i in range(0, len(cur), chunk)]
         reduced = False
         for i in range(len(parts)):
             # Try each complement (drop one part); the failing step must stay last.
             cand = [op for j, p in enumerate(parts) if j != i for op in p]
+            tests += 1
             if cand and fails_with(target, config, cand, invariant, allow_misuse):
                 cur, n, reduced = cand, max(n - 1, 2), True
                 break
@@ -115,10 +120,13 @@ def _smaller_configs(config: Config, null_block: bool) -> list[Config]:
 
 
 def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, invariant: str,
-                     deadline: float, bounds_for=None) -> tuple[Optional[list[Op]], Optional[Config], bool]:
+                     deadline: float, bounds_for=None, max_states: Optional[int] = None
+                     ) -> tuple[Optional[list[Op]], Optional[Config], bool]:
     """Iterative-deepening BFS over ``configs`` (in order) up to ``max_depth`` steps:
     (the first counterexample, its config, complete). ``complete`` is True when every
-    shallower search ran to the end, i.e. nothing shorter fails on any of ``configs``."""
+    shallower search ran to the end, i.e. nothing shorter fails on any of ``configs``.
+    ``max_states``: a cap on the states of all the searches together (a bound on work
+    that, unlike ``deadline``, gives the same result on every machine)."""
     from kvspec.mc.enumerate_ops import Bounds
     from kvspec.mc.search import model_check
 
@@ -128,11 +136,13 @@ def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, 
     for depth in range(1, max_depth + 1):
         for cfg in list(live):
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (max_states is not None and max_states <= 0):
                 return None, None, False
             try:
                 r = model_check(target, cfg, depth, bounds_for(cfg), time_cap=left, mem_cap_gib=1.0,
-                                invariant=invariant)
+                                invariant=invariant, max_states=max_states)
+                if max_states is not None:
+                    max_states -= r.states
             except Exception:  # a configuration the target cannot build
                 r = None
             if r is not None and r.verdict == "violation" and r.counterexample is not None:
@@ -146,7 +156,7 @@ def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, 
 
 
 def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant: str,
-                 budget_s: float = BFS_BUDGET_S, shrink_config: bool = True
+                 budget_s: float = BFS_BUDGET_S, shrink_config: bool = True, max_states: Optional[int] = None
                  ) -> tuple[list[Op], Optional[bool], Config]:
     """Step 3 of the module doc: (steps, minimal, config)."""
     from kvspec.mc.enumerate_ops import Bounds
@@ -155,8 +165,13 @@ def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant:
     deadline = time.monotonic() + budget_s
     configs = _smaller_configs(config, target.traits.null_block) if shrink_config else [config]
     max_depth = min(len(steps), BFS_MAX_DEPTH)
-    for bounds_for in (None, lambda cfg: Bounds().widened(steps, cfg)):
-        found, cfg, complete = deepening_search(target, configs, max_depth, invariant, deadline, bounds_for)
+    for i, bounds_for in enumerate((None, lambda cfg: Bounds().widened(steps, cfg))):
+        # The widened domains get at least half the budget again: a bug mc's own prompts
+        # cannot reach in a few steps (nano-vllm-voxcpm's stale index needs one block behind
+        # two prefixes) would otherwise leave them no time, and they hold a short repro.
+        until = max(deadline, time.monotonic() + budget_s / 2) if i else deadline
+        found, cfg, complete = deepening_search(target, configs, max_depth, invariant, until, bounds_for,
+                                                max_states)
         if found is not None:
             return found, (True if complete else None), cfg
     return steps, None, config
@@ -164,13 +179,19 @@ def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant:
 
 def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invariant: str,
                      allow_misuse: bool = False, budget_s: float = 10.0, bfs_budget_s: float = BFS_BUDGET_S,
-                     shrink_config: bool = True) -> tuple[list[Op], Optional[bool], Config]:
+                     shrink_config: bool = True, deterministic: bool = False) -> tuple[list[Op], Optional[bool], Config]:
     """(steps, minimal, config): the module doc's three steps. ``config`` may be a
-    smaller pool than the one given, when a repro as short or shorter fails there."""
+    smaller pool than the one given, when a repro as short or shorter fails there.
+    ``deterministic``: no step is cut short by the clock (ddmin is capped at
+    ``DDMIN_MAX_TESTS`` replays, the BFS at ``BFS_MAX_STATES`` states), so the repro is the
+    same on any machine."""
+    max_states = max_tests = None
+    if deterministic:
+        budget_s, bfs_budget_s, max_states, max_tests = float("inf"), float("inf"), BFS_MAX_STATES, DDMIN_MAX_TESTS
     steps = list(steps)
     if not fails_with(target, config, steps, invariant, allow_misuse):
         return steps, None, config  # not reproducible in isolation: keep what Hypothesis gave
-    steps = ddmin(target, config, steps, invariant, allow_misuse, budget_s)
+    steps = ddmin(target, config, steps, invariant, allow_misuse, budget_s, max_tests)
     renamed = rename(steps)
     if renamed != steps and fails_with(target, config, renamed, invariant, allow_misuse):
         steps = renamed
@@ -183,7 +204,7 @@ def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invari
         return [], True, config
     if allow_misuse:
         return steps, None, config  # the search enumerates valid ops only
-    return bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config)
+    return bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config, max_states)
 
 
 def minimize(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,

@@ -24,6 +24,7 @@ from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
 
 EXAMPLES_PER_BATCH = 25
+DETERMINISTIC_EXAMPLES = 1000  # kvspec check --derandomize without --max-examples
 STEPS_PER_EXAMPLE = {"pool": 60, "cache": 60}  # about 5x the largest pool: evictions and reuse happen
 
 
@@ -38,6 +39,7 @@ class Finding:
     minimal: Optional[bool] = None
     repro: Optional[str] = None
     seconds_to_failure: Optional[float] = None
+    examples_to_failure: Optional[int] = None  # examples run (all levels) when it was found
 
     @property
     def invariant(self) -> str:
@@ -52,6 +54,7 @@ class Finding:
             "steps_text": [repr(op) for op in self.steps], "num_steps": len(self.steps),
             "shrunk_steps": self.shrunk_steps, "minimal": self.minimal, "repro": self.repro,
             "seconds_to_failure": None if self.seconds_to_failure is None else round(self.seconds_to_failure, 3),
+            "examples_to_failure": self.examples_to_failure,
         }
 
 
@@ -69,6 +72,7 @@ class CheckReport:
     steps: int = 0
     seconds: float = 0.0
     error: Optional[str] = None
+    max_examples: Optional[int] = None  # deterministic mode (--max-examples / --derandomize); None: the budget
 
     @property
     def verdict(self) -> str:
@@ -78,10 +82,19 @@ class CheckReport:
         return {
             "target": self.target, "patch": self.patch, "levels": self.levels, "misuse": self.misuse,
             "seed": self.seed, "budget": self.budget, "verdict": self.verdict,
-            "violations": [f.to_dict() for f in self.violations], "robustness": [f.to_dict() for f in self.robustness],
+            "violations": [self._finding(f) for f in self.violations],
+            "robustness": [self._finding(f) for f in self.robustness],
             "examples": self.examples, "steps": self.steps, "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
+            "max_examples": self.max_examples, "deterministic": self.max_examples is not None,
         }
+
+
+    def _finding(self, f: Finding) -> dict[str, Any]:
+        d = f.to_dict()
+        if self.max_examples is not None:
+            d["seconds_to_failure"] = None  # a deterministic report holds no timing but its total ``seconds``
+        return d
 
 
 class Progress:
@@ -125,29 +138,40 @@ def _levels(target: Target, level: str) -> list[str]:
     return [level]
 
 
-def _settings(n_steps: int) -> settings:
+def _settings(n_steps: int, max_examples: int = EXAMPLES_PER_BATCH, database: Optional[str] = None) -> settings:
     # Generation only: Hypothesis finds these bugs in tens of milliseconds but spends
     # seconds shrinking, and its shrunk sequences are rarely the shortest anyway.
     # kvspec.check.minimize (ddmin, then a bounded BFS where small enough) does that part.
-    return settings(max_examples=EXAMPLES_PER_BATCH, stateful_step_count=n_steps, deadline=None, database=None,
+    # No deadline and no health checks (several are timed): nothing here depends on the clock.
+    if database:  # --db: failures found anywhere are replayed first (Hypothesis's own directory database)
+        from hypothesis.database import DirectoryBasedExampleDatabase
+        return settings(max_examples=max_examples, stateful_step_count=n_steps, deadline=None,
+                        database=DirectoryBasedExampleDatabase(database), phases=(Phase.reuse, Phase.generate),
+                        report_multiple_bugs=False, derandomize=False, suppress_health_check=list(HealthCheck),
+                        verbosity=Verbosity.quiet, print_blob=False)
+    return settings(max_examples=max_examples, stateful_step_count=n_steps, deadline=None, database=None,
                     phases=(Phase.generate,), report_multiple_bugs=False, derandomize=False,
                     suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False)
 
 
-def _machine(target: Target, level: str, misuse: bool, sink: Callable):
+def _machine(target: Target, level: str, misuse: bool, sink: Callable, kv_groups: Optional[str] = None):
     from kvspec.stateful import cache_machine, pool_machine
-    return (cache_machine if level == "cache" else pool_machine)(target, misuse=misuse, on_robustness=sink)
+    if level == "cache":
+        return cache_machine(target, misuse=misuse, on_robustness=sink, kv_groups=kv_groups)
+    return pool_machine(target, misuse=misuse, on_robustness=sink)
 
 
 class LevelSearch:
     """Batches of Hypothesis examples on one level, seeded ``seed``, ``seed+1``, ..."""
 
-    def __init__(self, target: Target, level: str, *, misuse: bool, seed: int) -> None:
+    def __init__(self, target: Target, level: str, *, misuse: bool, seed: int, kv_groups: Optional[str] = None) -> None:
         self.level = level
         self.seed = seed
         self.batch = 0
         self.robust: dict[tuple, Finding] = {}
-        self.machine = _machine(target, level, misuse, self._sink)
+        self.database: Optional[str] = None  # --db DIR
+        self.db_key = target.name
+        self.machine = _machine(target, level, misuse, self._sink, kv_groups)
 
     def _sink(self, violations: list[Violation], steps: list[Op], config: Config, reason: str) -> None:
         # Keep the shortest sequence per (invariant, misuse op, kind of misuse): the
@@ -157,11 +181,19 @@ class LevelSearch:
         if key not in self.robust or len(steps) < len(self.robust[key].steps):
             self.robust[key] = Finding("robustness", self.level, config, steps, violations, len(steps))
 
-    def run_batch(self) -> Optional[Finding]:
+    def run_batch(self, max_examples: int = EXAMPLES_PER_BATCH) -> Optional[Finding]:
         from kvspec.stateful import InvariantViolation
 
-        test = get_state_machine_test(self.machine, settings=_settings(STEPS_PER_EXAMPLE[self.level]))
+        test = get_state_machine_test(self.machine, settings=_settings(STEPS_PER_EXAMPLE[self.level], max_examples,
+                                                                       self.database))
+        if self.database:  # one key per (target, level): every machine's test function looks the same
+            import hashlib
+            test._hypothesis_internal_database_key = hashlib.sha256(
+                f"kvspec-check:{self.db_key}:{self.level}".encode()).digest()
         hyp_seed(self.seed * 100_003 + self.batch)(test)
+        if self.database:  # @seed switches the database off; the seed stays, the database comes back
+            test._hypothesis_internal_use_settings = _settings(STEPS_PER_EXAMPLE[self.level], max_examples,
+                                                               self.database)
         self.batch += 1
         try:
             test()
@@ -184,6 +216,9 @@ def _dedupe_robustness(target: Target, findings: list[Finding]) -> list[Finding]
     down to a free of an unheld block): keep the shortest of each kind."""
     kept: dict[tuple, Finding] = {}
     for f in findings:
+        if f.invariant == "NO_HANG":
+            kept[("NO_HANG", id(f))] = f
+            continue
         session = Session(target, f.config)
         for op in f.steps[:-1]:
             session.apply(op)
@@ -195,20 +230,44 @@ def _dedupe_robustness(target: Target, findings: list[Finding]) -> list[Finding]
 
 def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, patch_text: Optional[str] = None,
               level: str = "all", misuse: bool = False, seed: int = 0, budget: float = 30.0,
-              report_dir: str = "reports/repros", progress: bool = False, command: str = "") -> CheckReport:
+              report_dir: str = "reports/repros", progress: bool = False, command: str = "",
+              kv_groups: Optional[str] = None, max_examples: Optional[int] = None,
+              database: Optional[str] = None, stop: Optional[Callable[[], bool]] = None) -> CheckReport:
+    """Search ``budget`` seconds, or, with ``max_examples`` (deterministic mode), exactly
+    that many examples over all levels: then nothing depends on the clock (no deadline,
+    no timed health check, minimization bounded by work, not seconds), so the same
+    commit, target and seed give the same verdict, counts and repro on any machine."""
     levels = _levels(target, level)
-    report = CheckReport(target_spec, patch, levels, misuse, seed, budget)
+    report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples)
     start = time.monotonic()
-    searches = [LevelSearch(target, lvl, misuse=misuse, seed=seed) for lvl in levels]
+    searches = [LevelSearch(target, lvl, misuse=misuse, seed=seed, kv_groups=kv_groups) for lvl in levels]
+
+    def ran() -> int:  # examples run so far, every level (what the report counts)
+        return sum(x.machine.counters["examples"] for x in searches)
+
+    for search in searches:
+        search.database, search.db_key = database, target_spec
+
+    def more() -> bool:
+        if report.violations or (stop is not None and stop()):  # stop: another --jobs worker found one
+            return False
+        return ran() < max_examples if max_examples is not None else time.monotonic() - start < budget
+
     with Progress(progress, budget) as prog:
         # Round-robin over the levels, one batch at a time, so a bug that only one
         # level can see is found as fast as one that both can; stop at the first.
-        while time.monotonic() - start < budget and not report.violations:
+        while more():
             for search in searches:
+                # Deterministic mode: the last batches shrink so the run stops near N (Hypothesis
+                # may run a few more examples than asked, discarded ones included: those count too).
+                n = EXAMPLES_PER_BATCH if max_examples is None else min(EXAMPLES_PER_BATCH, max_examples - ran())
+                if n <= 0:
+                    break
                 prog.level, prog.counters = search.level, search.machine.counters
-                found = search.run_batch()
+                found = search.run_batch(n)
                 if found:
                     found.seconds_to_failure = time.monotonic() - start
+                    found.examples_to_failure = ran()
                     report.violations.append(found)
                     break
     report.seconds = time.monotonic() - start
@@ -218,13 +277,17 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
         report.robustness += list(search.robust.values())
     for f in report.violations + report.robustness:
         allow = f.kind == "robustness" or misuse
+        if f.invariant == "NO_HANG":
+            continue  # every replay would hang for the op timeout again: kept as found, not claimed minimal
         # ddmin, then a bounded BFS that may also move the repro to a smaller pool
-        f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow)
+        f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow,
+                                                        deterministic=max_examples is not None)
     report.robustness = _dedupe_robustness(target, report.robustness)
     for f in report.violations + report.robustness:
-        out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
-        if out.failed and out.invariant == f.invariant:
-            f.violations = out.violations
+        if f.invariant != "NO_HANG":
+            out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
+            if out.failed and out.invariant == f.invariant:
+                f.violations = out.violations
         f.repro = str(write_repro(Path(report_dir), target_spec, target, f.config, f.steps, f.invariant,
                                   f.violations[0].message, patch_text=patch_text, patch_name=patch,
                                   command=command, minimal=f.minimal, kind=f.kind))

@@ -29,12 +29,15 @@ from typing import Any, Optional, Sequence
 from kvspec.spec.config import Config
 from kvspec.spec.fast_check import FastStep, RequestsView, fast_check
 from kvspec.spec.invariants import StepContext, check_step
+from kvspec.spec.misuse import documented_errors
 from kvspec.spec.model import CacheModel, model_for
 from kvspec.spec.observation import BlockState, LiveObservation, Observation, splice_walk
 from kvspec.spec.ops import Admit, Op
 from kvspec.spec.shadow import HashMap, ShadowKV
-from kvspec.targets.base import Target
+from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
+from kvspec.check import watchdog
+from kvspec.check.watchdog import OpTimeout
 
 
 INCREMENTAL_MIN_BLOCKS = 64
@@ -113,20 +116,33 @@ class TrackedList(list):
 
 
 class Session:
+    # The model checker's hook: checks a step in place of ``check_step`` (it runs the
+    # state invariants once per distinct state, see kvspec.mc.search); None: every check.
+    step_check: Optional[Any] = None
+
     def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:
         self.target = target
         self.config = config
         self.traits = target.traits
-        self.driver = target.driver(config)
+        self.op_timeout = watchdog.default()  # seconds per target call (--op-timeout); None: no limit
+        try:  # a target that cannot even be built or read in time is a broken target (exit 2), not a finding
+            self.driver = watchdog.guarded(self.op_timeout, target.driver, config)
+            first_obs = watchdog.guarded(self.op_timeout, self.driver.observe)
+        except OpTimeout as t:
+            raise TargetError(f"target {target.name}: building or observing it did not return within "
+                              f"{t.seconds:g} s (--op-timeout)") from None
         self.model = model_for(config, self.traits)
         self.shadow = ShadowKV(config.block_size) if config.level == "cache" else None
         self.hashes = HashMap()
         self.steps: list[Op] = []
         self.last_result: Any = None  # what the target returned for the last op
-        self.obs: Observation = self.driver.observe()
+        self.dead = False  # a call hung: the target is not touched again (see _hung)
+        self.obs: Observation = first_obs
         self.initial: list[Violation] = check_step(self._context(None, self.obs, None, None, None, None))
         # incremental checking (see the module docstring): on when asked and offered
-        self.incremental = (_want_incremental(config, incremental) and callable(getattr(self.driver, "observe_delta", None))
+        # (the incremental check knows nothing of KV-cache groups: the group-aware model goes the full way)
+        self.incremental = (_want_incremental(config, incremental) and not hasattr(self.model, "groups")
+                            and callable(getattr(self.driver, "observe_delta", None))
                             and callable(getattr(self.driver, "track_changes", None)))
         self._live: Optional[LiveObservation] = None
         self._model_held = 0
@@ -165,8 +181,14 @@ class Session:
         misuse = self.model.misuse_reason(op)
         error: Optional[BaseException] = None
         result: Any = None
+        if self.dead:
+            return self._hung(op, None)
         try:
-            result = self.driver.apply(op)
+            result = watchdog.guarded(self.op_timeout, self.driver.apply, op)
+        except OpTimeout as t:
+            return self._hung(op, t)
+        except TargetError:
+            raise  # the adapter could not build the target's inputs or read its state: not a finding
         except Exception as e:  # the target's own failure is a finding, not ours
             error = e
         expected = self.model.apply(op) if misuse is None else None
@@ -176,7 +198,7 @@ class Session:
             except Exception:
                 delta = None
             if delta is not None and (self._fast(op, result, expected, delta, pool, q_before, qlen_before)
-                                      if misuse is None else self._fast_rejected(error, delta)):
+                                      if misuse is None else self._fast_rejected(error, delta, misuse)):
                 self.steps.append(op)
                 self.__dict__.pop("obs", None)
                 self.last_result = result
@@ -184,7 +206,11 @@ class Session:
                 return []
         # The full way: what every step does without deltas, and the reference.
         try:
-            obs = self.driver.observe()
+            obs = watchdog.guarded(self.op_timeout, self.driver.observe)
+        except OpTimeout as t:
+            return self._hung(op, t)
+        except TargetError:
+            raise
         except Exception as e:
             if error is None:
                 error = e
@@ -192,7 +218,7 @@ class Session:
         if self.shadow is not None and misuse is None and error is None:
             self._write_shadow(op, result, obs)
         ctx = self._context(op, obs, misuse, error, result, expected)
-        found = check_step(ctx)
+        found = (self.step_check or check_step)(ctx)
         self.steps.append(op)
         self.obs = obs
         self.last_result = result
@@ -205,6 +231,17 @@ class Session:
             else:
                 self._live = None
         return found
+
+    def _hung(self, op: Op, t: Optional[OpTimeout]) -> list[Violation]:
+        """A target call did not return within the op timeout: a NO_HANG finding. The
+        target may be mid-update (or still running in an abandoned thread), so the
+        session is dead from here on: every later op reports the same."""
+        self.dead = True
+        self.steps.append(op)
+        self.last_result = None
+        secs = (t.seconds if t is not None else 0.0) or self.op_timeout or 0.0
+        return [Violation("NO_HANG", f"{op!r} did not return within the op timeout of {secs:g} s",
+                          "the state before it is the last observed; the target is not observed again")]
 
     # -- incremental checking ------------------------------------------------------
     def _resync(self, obs: Observation) -> None:
@@ -290,12 +327,12 @@ class Session:
         step.commit_hashes(self.hashes)
         return True
 
-    def _fast_rejected(self, error: BaseException, delta) -> bool:
+    def _fast_rejected(self, error: BaseException, delta, misuse: Optional[str] = None) -> bool:
         """A misuse the target refused with a documented error: clean if nothing observable
         changed (what ATOMIC_REJECT asks; every other check then sees the clean state
         before, and skips or passes on a misuse)."""
         live = self._live
-        documented = self.traits.misuse_errors
+        documented = documented_errors(self.traits, misuse)
         if not documented or not isinstance(error, documented) or delta.free_count != live.free_count \
                 or delta.index_complete or dict(delta.requests) != live.requests:
             return False
@@ -316,6 +353,11 @@ class Session:
         assert isinstance(self.model, CacheModel)
         requests = obs.requests if requests is None else requests
         before_requests = self.obs.requests if before_requests is None else before_requests
+        if hasattr(self.model, "groups"):
+            from kvspec.spec.group_checks import write_shadow
+            null = obs.null_block if obs is not None else self.obs.null_block
+            write_shadow(self.shadow, self.model, op, result, requests, before_requests, null)
+            return
         for rid, rs in requests.items():
             q = self.model.reqs.get(rid)
             if q is None:

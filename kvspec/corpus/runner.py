@@ -118,7 +118,8 @@ def run_trial(task: dict) -> dict:
         row["applied"] = True
         patch_text = Path(task["patch"]).read_text()
         report = run_check(target, task["target"], patch=task["patch"], patch_text=patch_text, level="all",
-                           seed=task["seed"], budget=task["timeout"], report_dir=report_dir)
+                           seed=task["seed"], budget=task["timeout"], report_dir=report_dir,
+                           kv_groups=task.get("kv_groups"))
         if report.violations:
             f = report.violations[0]
             row.update(killed=True, invariant=f.invariant,

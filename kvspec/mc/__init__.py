@@ -1,7 +1,8 @@
 """Explicit-state model checking (``kvspec mc``): breadth-first ``search`` over every
 state of a small configuration, the ops a state enables (``enumerate_ops``), canonical
-state keys under symmetry (``canonical``), the ways to fork a session (``fork``) and
-the ``command``.
+state keys under symmetry (``canonical``), the ways to fork a session (``fork``), the
+catalogue split into state and transition checks (``split``), the parallel search
+(``parallel``) and the ``command``.
 
 May import: spec, targets, errors, ``kvspec.check.session`` and ``kvspec.check.repro``.
 """

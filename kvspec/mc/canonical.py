@@ -135,7 +135,7 @@ def compact(key: Hashable) -> bytes:
 def _raw_obs(obs: Observation) -> tuple:
     return (tuple((b.ref, b.hash, b.queued) for b in obs.blocks), obs.queue,
             tuple(sorted(obs.index.items(), key=lambda kv: repr(kv[0]))), obs.free_count,
-            tuple(sorted((r, rs.table, rs.computed) for r, rs in obs.requests.items())), obs.null_block,
+            tuple(sorted((r, rs.table, rs.computed, rs.groups) for r, rs in obs.requests.items())), obs.null_block,
             obs.queue_problems)
 
 
@@ -222,10 +222,13 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
     t2k = hashes.t2k if hashes is not None else {}
     slots = shadow.slots if shadow is not None else {}
     reqs = m.reqs
-    if not symmetry:
-        return (tuple(ref), tuple(hsh), tuple(queue), tuple(sorted((k, tuple(v)) for k, v in index.items())),
+    # The renaming below knows one table per request: with several KV-cache groups the
+    # state is kept as it is (sound, only less reduced).
+    if not symmetry or len(getattr(m, "groups", ())) > 1:
+        return (tuple(ref), tuple(hsh), tuple(queue), _items({k: tuple(v) for k, v in index.items()}),
                 tuple(sorted((r, tuple(q.tokens), prompt_lens.get(r), q.running, q.computed, tuple(q.table),
-                              q.num_cached) for r, q in reqs.items())),
+                              q.num_cached, repr(getattr(q, "more", None)), repr(getattr(q, "drafts", None)))
+                             for r, q in reqs.items())),
                 _raw_obs(obs), _items(t2k), _items(slots))
     # requests in an order given by their contents; ties by old id
     rids = sorted(reqs, key=lambda r: (not reqs[r].running, reqs[r].tokens, prompt_lens.get(r, -1),

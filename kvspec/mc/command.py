@@ -2,6 +2,8 @@
 
     kvspec mc [--target T] [--patch DIFF] [--level pool|cache] [--blocks N] [--depth D]
               [--requests R] [--time-cap S] [--mem-cap GIB] [--json] [--report-dir DIR]
+              [--symmetry on|off] [--fork auto|compact|pickle|deepcopy|replay|driver]
+              [--workers N] [--check-once on|off]
 
 ``--blocks`` counts usable blocks (the null block comes on top where the target has
 one); the cache level uses block size 2. The domains are ``kvspec.mc.enumerate_ops``'s
@@ -40,7 +42,8 @@ def _text(a: argparse.Namespace, r: MCResult) -> str:
              f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth} explored"
              + (" (every reachable state seen)" if r.exhausted else "")
              + f", {r.seconds:.2f} s, {r.states_per_second:,.0f} states/s, "
-             f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork})"]
+             f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork}"
+             + (f", {r.workers} workers" if r.workers > 1 else "") + ")"]
     if r.verdict == "incomplete":
         lines.append(f"  incomplete: {r.reason}; no claim beyond depth {r.depth}")
     if r.verdict == "violation":
@@ -52,6 +55,19 @@ def _text(a: argparse.Namespace, r: MCResult) -> str:
         if r.repro:
             lines.append(f"  repro: {r.repro}")
     return "\n".join(lines)
+
+
+def _caching(a: argparse.Namespace, target) -> bool:
+    """``--caching``, checked against the modes the target declares (Traits.prefix_caching)."""
+    from kvspec.errors import UsageError
+    modes = getattr(target.traits, "caching_modes", (True,))
+    want = getattr(a, "caching", None)
+    if want is None:
+        return True if True in modes else False
+    if (want == "on") not in modes:
+        raise UsageError(f"kvspec mc: target {target.name} does not support prefix caching {want} "
+                         f"(it declares prefix_caching = {getattr(target.traits, 'prefix_caching', 'on')!r})")
+    return want == "on"
 
 
 def cmd_mc(a: argparse.Namespace) -> int:
@@ -67,16 +83,22 @@ def cmd_mc(a: argparse.Namespace) -> int:
         raise UsageError("kvspec mc: --requests must be at least 1")
     if a.time_cap <= 0 or a.mem_cap <= 0:
         raise UsageError("kvspec mc: --time-cap and --mem-cap must be positive")
+    if getattr(a, "workers", 1) < 1:
+        raise UsageError("kvspec mc: --workers must be at least 1")
     target = load_target(a.target, patch=a.patch, api=getattr(a, "api", None))
     if a.level not in target.traits.levels:
         raise TargetError(f"target {target.name} does not support the {a.level} level "
                           f"(it supports: {', '.join(target.traits.levels)})")
     patch_text = read_patch(a.patch) if a.patch else None
+    from kvspec.check.command import check_kv_groups
+    kv_groups = check_kv_groups(getattr(a, "kv_groups", None), target) or "full"
+    caching = _caching(a, target)
     config = Config(level=a.level, num_blocks=a.blocks + (1 if target.traits.null_block else 0),
-                    block_size=DEFAULT_BLOCK_SIZE)
-    bounds = Bounds(requests=a.requests)
+                    block_size=DEFAULT_BLOCK_SIZE, kv_groups=kv_groups, caching=caching)
+    bounds = Bounds(requests=a.requests, symmetry=getattr(a, "symmetry", "on") != "off")
     r = model_check(target, config, a.depth, bounds, time_cap=a.time_cap, mem_cap_gib=a.mem_cap,
-                    progress=sys.stderr.isatty() and not a.json)
+                    progress=sys.stderr.isatty() and not a.json, fork=getattr(a, "fork", "auto"),
+                    check_once=getattr(a, "check_once", "on") != "off", workers=getattr(a, "workers", 1))
     if r.verdict == "violation" and r.counterexample is not None:
         r.replayed = confirm(target, config, r)
         command = "kvspec " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["mc"] else ""
@@ -84,7 +106,7 @@ def cmd_mc(a: argparse.Namespace) -> int:
         r.repro = str(write_repro(Path(a.report_dir or os.path.join("reports", "repros")), a.target, target, config,
                                   r.counterexample, v.invariant, v.message, patch_text=patch_text, patch_name=a.patch,
                                   command=command, minimal=True))
-    out = {"target": a.target, "patch": a.patch, "level": a.level, "blocks": a.blocks, "requests": a.requests,
+    out = {"target": a.target, "patch": a.patch, "level": a.level, "blocks": a.blocks, "requests": a.requests, "caching": caching,
            **r.to_dict()}
     if a.report_dir:
         d = Path(a.report_dir)

@@ -12,12 +12,14 @@ import sys
 import types
 from typing import Any, Callable
 
+from kvspec.errors import UsageError
 from kvspec.spec.ops import Op
 from kvspec.check.session import Session
 
 
 # -- forking a session -------------------------------------------------------------
-_SHARED_FIELDS = ("target", "config", "traits")
+# step_check: the search's own check hook (kvspec.mc.search), shared by every copy, never pickled
+_SHARED_FIELDS = ("target", "config", "traits", "step_check")
 _PER_STATE_FIELDS = ("obs", "steps", "initial", "last_result")
 
 
@@ -43,7 +45,7 @@ class Fork:
     name = "?"
 
     def __init__(self, template: Session) -> None:
-        self.shared = {k: getattr(template, k) for k in _SHARED_FIELDS}
+        self.shared = {k: getattr(template, k, None) for k in _SHARED_FIELDS}
 
     def _fresh(self, state: dict, obs) -> Session:
         s = Session.__new__(Session)
@@ -119,6 +121,7 @@ class ReplayFork(Fork):
         for op in saved:
             s.apply(op)
         s.steps = []
+        s.step_check = self.shared.get("step_check")
         return s
 
 
@@ -214,23 +217,44 @@ def _faithful(fork: Fork, s0: Session, probe: list[Op]) -> bool:
 
 
 def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
+    """The fork named by ``strategy``, or with ``auto`` the first that round-trips ``s0``
+    faithfully (``_faithful``: a driver that cannot be pickled, one holding a
+    ``threading.Lock`` say, fails that test and the next way is tried). A named way
+    that cannot fork this target is a ``UsageError``, one line, not a traceback."""
     if strategy != "auto":
-        return FORKS[strategy](s0)
+        if strategy not in FORKS:
+            raise UsageError(f"kvspec mc: unknown fork {strategy!r} (choose: auto, {', '.join(FORKS)})")
+        try:
+            fork = FORKS[strategy](s0)
+        except TypeError as e:
+            raise UsageError(f"kvspec mc: --fork {strategy} cannot fork this target ({e})") from None
+        if strategy != "replay" and not _faithful(fork, s0, probe):
+            raise UsageError(f"kvspec mc: --fork {strategy} cannot fork this target faithfully "
+                             f"(its state does not round-trip); try --fork auto")
+        return fork
     snapshot = getattr(type(s0.driver), "snapshot", None)
     order = (["compact"] if getattr(snapshot, "in_place", False) and not s0.incremental else []) \
         + (["driver"] if hasattr(s0.driver, "snapshot") and hasattr(s0.driver, "restore") else []) \
         + ["pickle", "deepcopy"]
-    backup = None
     for name in order:
         try:
             fork = FORKS[name](s0)
         except TypeError:
             continue
-        if name == "compact" and backup is None:
-            backup = _dumps(Fork._mutable(s0)), s0.obs   # trying it drives s0 itself
-        if _faithful(fork, s0, probe):
+        ok = _faithful(fork, s0, probe)
+        if ok:   # (an in-place fork's test ends by putting s0 back into the initial state)
             return fork
         if name == "compact":
-            s0.__dict__.update(pickle.loads(backup[0]))
-            s0.obs, s0.steps, s0.last_result = backup[1], [], None
+            _reset(s0)   # trying it drove s0 itself and it failed: start s0 afresh
     return ReplayFork(s0)
+
+
+def _reset(s0: Session) -> None:
+    """Put ``s0`` back into the initial state, in place (a fresh session's fields; no
+    pickling, so a driver that cannot be pickled is fine)."""
+    fresh = Session(s0.target, s0.config)
+    keep = s0.__dict__.get("step_check")
+    s0.__dict__.clear()
+    s0.__dict__.update(fresh.__dict__)
+    if keep is not None:
+        s0.step_check = keep

@@ -44,9 +44,50 @@ it off): the key is a pure function of the state, so this changes no key. With
 ``invariant=`` (the minimizer), only a failure of that invariant
 ends the search; a transition failing another way is a dead end.
 
+A state checked once, as TLC does (``check_once=True``, the default)
+------------------------------------------------------------------
+The catalogue splits into *state checks*, which read only the state after the step
+(the observation, the model, the hash history, the shadow KV store), and *transition
+checks*, which read the step (the observation before, the op, the target's result, the
+model's expected result, a misuse, an error) or write the check state (HASH_CHAIN
+records each target hash / content pair in the hash history). ``kvspec.mc.split`` reads
+the split off each check's compiled code; anything it cannot follow is a transition check.
+Every transition runs the transition checks (results against the model, rejects,
+held-hash changes, the hash history, EVICTION_ORDER of the returned blocks). The state
+checks run when the post-state's key is new, and on any step that already failed (so a
+failing step reports exactly ``check_step``'s list, in its order).
+
+Why this finds the same bugs at the same length, with the same counterexample:
+
+1. A state check is a function of the state: it reads nothing of the step, and the
+   key is taken after every write to the state (the transition checks, HASH_CHAIN's
+   included, run before the key). One that also reads ``comparable`` (made of the
+   step) is a function of the state on a comparable step; a step that is not
+   comparable runs every check, and only a comparable step marks a key as checked.
+2. The key is a canonical form under which the state checks are invariant: it holds
+   the observation, the model and the check history *in full*, rewritten under a
+   renaming of block ids, labels, hash values and request ids
+   (``kvspec.mc.canonical``); the state checks compare these with each other (equal
+   ids, equal hashes, counts, membership) and never look at which name a block has
+   (the null block is kept fixed). So two states with one key pass or fail the state
+   checks alike.
+3. Hence a transition into a key seen before would find, from the state checks,
+   exactly what they found when that key was first checked, and that was nothing (a
+   finding ends the search, or with ``invariant=`` keeps the key unseen, so it is
+   checked again next time). Skipping them drops no finding, and every step that does
+   find something runs every check. The breadth-first order of transitions is
+   unchanged, so the first failing transition, and with it the counterexample and its
+   length, are the ones of checking everything after every step.
+
+tests/test_mc_corpus.py runs every corpus bug (pool and cache level) both ways and
+compares verdicts, states and counterexamples; tests/test_mc_modes.py the state spaces.
+
+``workers=N`` (``kvspec mc --workers N``) runs the same search level by level over N
+processes (``kvspec.mc.parallel``), with the same states and counterexample.
+
 Counting: ``states`` are distinct canonical states (the initial one included), each
 reached and checked; ``transitions`` are the ops tried, each one a real step of the
-target plus a full ``check_step``; ``states_per_second`` is states / wall seconds of
+target plus its checks (all of them with ``check_once=False``); ``states_per_second`` is states / wall seconds of
 the whole search, start-up included.
 
 Stopping: at the depth bound or when no new state appears (the bounded state space
@@ -70,6 +111,7 @@ from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
 from kvspec.mc.fork import Fork, choose_fork
+from kvspec.mc.split import StepChecker
 
 # -- the result ----------------------------------------------------------------------
 @dataclass
@@ -90,6 +132,9 @@ class MCResult:
     pruned: int = 0                    # transitions failing another invariant (with ``invariant=``)
     fork: str = ""
     fork_fallbacks: int = 0            # states the ``compact`` fork had to pickle instead
+    check_once: bool = False           # state invariants run once per distinct state
+    state_checks: int = 0              # how often they ran (the initial state's not counted)
+    workers: int = 1                   # processes of a parallel search (kvspec.mc.parallel)
     peak_rss_mib: float = 0.0
     repro: Optional[str] = None
     replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
@@ -119,7 +164,8 @@ class MCResult:
             "invariant": self.invariant, "message": v.message if v else None, "excerpt": v.excerpt if v else None,
             "repro": self.repro, "replayed": self.replayed, "config": self.config.to_dict(),
             "bounds": self.bounds.to_dict(), "levels": self.levels, "pruned": self.pruned, "fork": self.fork,
-            "fork_fallbacks": self.fork_fallbacks,
+            "fork_fallbacks": self.fork_fallbacks, "check_once": self.check_once, "state_checks": self.state_checks,
+            "workers": self.workers,
             "peak_rss_mib": round(self.peak_rss_mib, 1),
         }
 
@@ -170,7 +216,8 @@ class _Progress:
 # -- the search ----------------------------------------------------------------------
 def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bounds] = None, *,
                 time_cap: float = 300.0, mem_cap_gib: float = 2.0, progress: bool = False,
-                invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None) -> MCResult:
+                invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None,
+                max_states: Optional[int] = None, check_once: bool = True, workers: int = 1) -> MCResult:
     """Breadth-first search of every state reachable in at most ``depth`` valid ops.
 
     Returns the first (so shortest) failing path as ``counterexample``; with
@@ -180,8 +227,11 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
         raise TargetError(f"target {target.name} does not support the {config.level} level")
     start = time.monotonic()
     deadline = start + time_cap
+    # The cap is on what the search itself adds: a process that loaded torch and vLLM, or a
+    # long-lived test worker, must get the same verdict as a fresh one.
     mem_cap = int(mem_cap_gib * 2**30)
-    res = MCResult("pass", config, bounds, depth)
+    rss_at_start = rss_bytes()
+    res = MCResult("pass", config, bounds, depth, check_once=check_once)
     prog = _Progress(progress)
     forker: Optional[Fork] = None
 
@@ -204,15 +254,23 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
     cache = config.level == "cache"
     extra0: dict = {"next_request": 1, "prompt_lens": {}} if cache else {}
 
+    unsupported = getattr(target.traits, "unsupported_ops", frozenset())
+
     def ops_of(s: Session, extra: dict) -> list[Op]:
         if cache:
-            return enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
-                               prompt_lens=extra["prompt_lens"])
-        return enabled_ops(s.model, config, bounds, used_labels=s.hashes.k2t.keys())
+            ops = enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+                              prompt_lens=extra["prompt_lens"])
+        else:
+            ops = enabled_ops(s.model, config, bounds, used_labels=s.hashes.k2t.keys())
+        # ops the target has no API for are never tried (Traits.unsupported_ops)
+        return [op for op in ops if type(op).__name__ not in unsupported] if unsupported else ops
 
     sym = bounds.symmetry
     forker = choose_fork(s0, ops_of(s0, extra0)[:3], fork)
     res.fork = forker.name
+    checker = StepChecker() if check_once else None
+    forker.shared["step_check"] = checker
+    s0.step_check = checker
     parents: list[tuple[int, Optional[Op]]] = [(-1, None)]
 
     def path_to(i: int) -> list[Op]:
@@ -222,10 +280,29 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
             out.append(op)
         return out[::-1]
 
+    def ends_search(found: list[Violation]) -> bool:
+        """With ``invariant=`` (the minimizer) only that invariant ends the search; another
+        failure makes the transition a dead end."""
+        return invariant is None or found[0].invariant == invariant
+
+    def counterexample(idx: int, op: Op, found: list[Violation], depth: int) -> MCResult:
+        res.counterexample = path_to(idx) + [op]
+        res.violations = found
+        res.depth = depth
+        return finish("violation")
+
     if key_memo is None:
         key_memo = not cache   # at pool level most transitions revisit an exact state (see KeyMemo)
     key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
-    seen = {key_of(s0, extra0)}
+    seen = {key_of(s0, extra0)}   # the initial state: every check ran in Session()
+    unchecked: set = set()        # keys seen whose state checks have not run on a comparable step
+    if workers > 1:
+        from kvspec.mc.parallel import can_send, parallel_search
+        if can_send(forker, s0):   # states travel between levels pickled
+            res.workers = workers
+            return finish(parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker, invariant,
+                                          lambda e, op: _next_extra(e, op) if cache else e, parents, deadline,
+                                          max_states))
     frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
     tick = 0
     for d in range(1, depth + 1):
@@ -236,23 +313,42 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
             for i, op in enumerate(ops):
                 s = base if i == 0 else forker.load(saved, obs)   # each op from the saved state
                 res.transitions += 1
+                if checker is not None:
+                    checker.reset()
                 found = s.apply(op)
+                if found and checker is not None:
+                    found = checker.state_violations() or found   # a failing step: every check, as check_step
                 if found:
-                    if invariant is None or found[0].invariant == invariant:
-                        res.counterexample = path_to(idx) + [op]
-                        res.violations = found
-                        res.depth = d
-                        return finish("violation")
+                    if ends_search(found):
+                        return counterexample(idx, op, found, d)
                     res.pruned += 1
                     continue
                 ex2 = _next_extra(extra, op) if cache else extra
                 k = key_of(s, ex2)
-                if k in seen:
+                new = k not in seen
+                if checker is not None and (new or k in unchecked):
+                    # the state checks, once per key (see the docstring)
+                    if checker.last_comparable:
+                        res.state_checks += 1
+                        found = checker.state_violations()
+                        if found:
+                            if ends_search(found):
+                                return counterexample(idx, op, found, d)
+                            res.pruned += 1
+                            continue
+                        unchecked.discard(k)
+                    elif new:
+                        unchecked.add(k)   # every check ran, but on a step that was not comparable
+                if not new:
                     continue
                 seen.add(k)
                 parents.append((idx, op))
                 pid = len(parents) - 1
                 res.states += 1
+                if max_states is not None and res.states > max_states:
+                    # a cap on work, not time: the same on every machine (kvspec check --max-examples)
+                    res.reason = f"state cap of {max_states} reached at depth {d}"
+                    return finish("incomplete")
                 if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
                     nxt.append((forker.save(s, lambda: path_to(pid)), s.obs, ex2, pid))
                 else:
@@ -267,8 +363,8 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                 if mem_cap and tick % 64 == 0:
                     rss = rss_bytes()
                     res.peak_rss_mib = max(res.peak_rss_mib, rss / 2**20)
-                    if rss > mem_cap:
-                        res.reason = f"memory cap of {mem_cap_gib:g} GiB reached at depth {d}"
+                    if rss - rss_at_start > mem_cap:
+                        res.reason = f"memory cap of {mem_cap_gib:g} GiB (grown by the search) reached at depth {d}"
                         return finish("incomplete")
         res.levels.append(len(nxt))
         res.depth = d

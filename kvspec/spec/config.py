@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -10,6 +11,8 @@ class Config:
     num_blocks: int = 8        # including the null block where the target has one
     block_size: int = 2        # tokens per block (cache level)
     caching: bool = True       # prefix caching on
+    kv_groups: str = "full"    # KV-cache groups sharing the pool, e.g. "full,swa:4" (cache level)
+    max_model_len: Optional[int] = None  # per-request token cap (cache level); None: none
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,9 +15,11 @@ from typing import Any, Callable, Optional
 from kvspec.spec.config import Config
 from kvspec.spec.model import CacheModel, PoolModel
 from kvspec.spec.observation import Observation
-from kvspec.spec.ops import Admit, Alloc, Lookup, Op, Reset, Step
+from kvspec.spec.misuse import documented_errors
+from kvspec.spec.ops import Admit, Alloc, Lookup, Op, Prefill, Reset, Step
 from kvspec.spec.shadow import HashMap, ShadowKV
 from kvspec.spec.violation import Violation
+from kvspec.spec.group_checks import tables_differ as _tables_differ, window_reused as _window_reused
 
 CATALOGUE: dict[str, str] = {
     "I1": "A non-null block is in the free queue iff its ref_cnt is 0; no duplicates; links agree with the walk.",
@@ -34,6 +36,10 @@ CATALOGUE: dict[str, str] = {
     "NO_LEAK": "With no request running every block is free; admission fails only when blocks really are too few.",
     "ATOMIC_REJECT": "A misuse is rejected with a documented error and leaves the observed state unchanged.",
     "NO_CRASH": "A valid operation never raises.",
+    "NO_HANG": "Every target call returns within the op timeout (--op-timeout).",
+    "HIT_AGREEMENT": "With several KV-cache groups, every group's prefix hit covers exactly the hit length the groups agreed on.",
+    "WINDOW": "Every block a still-needed token attends to (its window included) is held; blocks wholly outside every window are null or freed.",
+    "SLOTS": "Every scheduled token, draft tokens included, has a slot in every group's table, within the max_model_len cap.",
 }
 # The four numbered invariants also have names; the others are their own name.
 NAMES: dict[str, str] = {"I1": "QUEUE_IFF_FREE", "I2": "STABLE_IDS", "I3": "FULL_ONLY", "I4": "CACHED_EVICTABLE"}
@@ -46,8 +52,8 @@ def title(invariant: str) -> str:
 
 
 PRIORITY = [
-    "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "I1", "HASH_CHAIN", "MAX_HIT", "INDEX_CONSISTENT",
-    "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
+    "NO_HANG", "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "I1", "HIT_AGREEMENT", "WINDOW", "SLOTS", "HASH_CHAIN",
+    "MAX_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
 ]
 
 
@@ -82,7 +88,7 @@ class StepContext:
             return False
         if isinstance(self.op, (Alloc, Admit)):
             return self.result == self.expected
-        if isinstance(self.op, Step):
+        if isinstance(self.op, (Step, Prefill)):
             return (_refused(self.result)) == (_refused(self.expected))
         return True
 
@@ -123,7 +129,7 @@ def atomic_reject(ctx: StepContext) -> list[Violation]:
     if ctx.error is None:
         return [ctx.v("ATOMIC_REJECT", f"{ctx.op!r} is a misuse ({ctx.misuse}) but the target accepted it")]
     out = []
-    documented = ctx.traits.misuse_errors
+    documented = documented_errors(ctx.traits, ctx.misuse)  # the class declared for this kind of misuse
     if documented and not isinstance(ctx.error, documented):
         out.append(ctx.v("ATOMIC_REJECT", f"{ctx.op!r} ({ctx.misuse}) raised {type(ctx.error).__name__}, "
                                           f"not one of the documented errors"))
@@ -150,8 +156,9 @@ def null_block(ctx: StepContext) -> list[Violation]:
         out.append(ctx.v("NULL_BLOCK", f"the null block {n} carries a hash", [n]))
     if isinstance(ctx.op, Alloc) and isinstance(ctx.result, tuple) and n in ctx.result:
         out.append(ctx.v("NULL_BLOCK", f"allocation handed out the null block {n}", [n]))
+    windowed = [g.kind != "full" for g in getattr(ctx.model, "groups", ())]  # their tables hold null where freed
     for rid, rs in ctx.obs.requests.items():
-        if n in rs.table:
+        if n in rs.table and not (windowed and windowed[0]):
             out.append(ctx.v("NULL_BLOCK", f"request {rid} holds the null block {n}", [n], [rid]))
     return out
 
@@ -183,7 +190,7 @@ def accounting(ctx: StepContext) -> list[Violation]:
     if neg:
         out.append(ctx.v("ACCOUNTING", f"block {neg[0]} has a negative ref_cnt {o.blocks[neg[0]].ref}", neg[:1]))
     if o.requests or isinstance(ctx.model, CacheModel):
-        holders = Counter(b for rs in o.requests.values() for b in rs.table)
+        holders = Counter(b for rs in o.requests.values() for t in (rs.table,) + tuple(rs.groups) for b in t)
         what = "tables that hold it"
     elif ctx.comparable:
         holders = Counter({b: r for b, r in enumerate(ctx.pool.ref) if r})
@@ -195,9 +202,17 @@ def accounting(ctx: StepContext) -> list[Violation]:
             if o.blocks[b].ref != holders.get(b, 0):
                 out.append(ctx.v("ACCOUNTING", f"block {b} has ref_cnt {o.blocks[b].ref} but {holders.get(b, 0)} {what}", [b]))
                 break
+    return out
+
+
+@check
+def accounting_step(ctx: StepContext) -> list[Violation]:
+    # ACCOUNTING's part that reads the step (op, result, expected), apart from the part
+    # above that reads the state, so the model checker can check a state once (kvspec.mc.split)
+    out = []
     if _valid(ctx) and isinstance(ctx.op, Reset) and ctx.result != ctx.expected:
         out.append(ctx.v("ACCOUNTING", f"reset_prefix_cache returned {ctx.result}; expected {ctx.expected}"))
-    if _valid(ctx) and isinstance(ctx.op, (Admit, Step)) and _refused(ctx.expected) and not _refused(ctx.result):
+    if _valid(ctx) and isinstance(ctx.op, (Admit, Step, Prefill)) and _refused(ctx.expected) and not _refused(ctx.result):
         out.append(ctx.v("ACCOUNTING", f"{ctx.op!r} was admitted although too few blocks were free", requests=[ctx.op.req]))
     return out
 
@@ -213,15 +228,23 @@ def index_consistent(ctx: StepContext) -> list[Violation]:
                 return out
     for b in o.usable_ids():
         h = o.blocks[b].hash
-        if h is not None and b not in o.index.get(h, ()):
+        if h is not None and b not in o.index.get(h, ()) and not _entry_replaced(ctx, b):
             out.append(ctx.v("INDEX_CONSISTENT", f"block {b} has hash {o.short_hash(h)} but is not in the index", [b]))
             break
     return out
 
 
+def _entry_replaced(ctx: StepContext, b: int) -> bool:
+    """index_latest_wins (nano-vllm): a held block may lack its entry where the model's index lacks it too."""
+    if not getattr(ctx.traits, "index_latest_wins", False) or ctx.obs.blocks[b].ref <= 0:
+        return False
+    key = ctx.pool.hash[b] if ctx.comparable and b < len(ctx.pool.hash) else None
+    return not ctx.comparable or (key is not None and b not in ctx.pool.index.get(key, ()))
+
+
 @check
 def hash_chain(ctx: StepContext) -> list[Violation]:
-    if ctx.hashes is None or not ctx.comparable:
+    if ctx.hashes is None or not ctx.comparable or _tables_differ(ctx):
         return []
     o, pool = ctx.obs, ctx.pool
     for b in o.usable_ids():
@@ -245,7 +268,8 @@ def full_only(ctx: StepContext) -> list[Violation]:
                 return out
     for b in o.usable_ids():
         before, now = ctx.prev.blocks[b], o.blocks[b]
-        if before.ref > 0 and now.ref > 0 and before.hash is not None and now.hash != before.hash:
+        if before.ref > 0 and now.ref > 0 and before.hash is not None and now.hash != before.hash \
+                and not _window_reused(ctx, b, before.hash):
             out.append(ctx.v("I3", f"held block {b} changed its hash from {o.short_hash(before.hash)} to "
                                    f"{o.short_hash(now.hash)}", [b]))
             break
@@ -258,12 +282,30 @@ def cached_evictable(ctx: StepContext) -> list[Violation]:
         return []
     if isinstance(ctx.op, Lookup) and (ctx.result is None) != (ctx.expected is None):
         return [ctx.v("I4", f"lookup of {ctx.op.hash!r} returned {ctx.result}; the cache holds {ctx.expected}")]
+    if isinstance(ctx.op, Lookup) and ctx.result is not None:
+        # Found or not is not enough: the block found must be cached under that hash (in the
+        # model, and by the target's own hash of it where known).
+        b, ok = ctx.result, isinstance(ctx.result, int) and 0 <= ctx.result < len(ctx.obs.blocks)
+        holds, seen = (ctx.pool.hash[b], ctx.obs.blocks[b].hash) if ok else (None, None)
+        seen_key = ctx.hashes.key_of(seen) if ctx.hashes is not None and seen is not None else None
+        if holds != ctx.op.hash or seen is None or seen_key not in (None, ctx.op.hash):
+            return [ctx.v("I4", f"lookup of {ctx.op.hash!r} returned block {b}, which is cached under "
+                                f"{holds!r}, not {ctx.op.hash!r}", [b] if holds is not None else [])]
     if isinstance(ctx.op, Admit) and isinstance(ctx.result, int) and isinstance(ctx.expected, int) \
             and ctx.result < ctx.expected:
         return [ctx.v("I4", f"{ctx.op.req} hit {ctx.result} tokens but {ctx.expected} were cached", requests=[ctx.op.req])]
     if not ctx.comparable:
         return []
     o, pool = ctx.obs, ctx.pool
+    if isinstance(ctx.op, Admit) and isinstance(ctx.result, int) and isinstance(ctx.model, CacheModel):
+        # A block the admission hit must keep the hash it was hit by: evicting it first
+        # (and perhaps re-caching it as other content) is a lost cached block.
+        q = ctx.model.reqs.get(ctx.op.req)
+        for b in (q.table[: ctx.result // ctx.config.block_size] if q is not None else ()):
+            before = ctx.prev.blocks[b].hash if 0 <= b < len(ctx.prev.blocks) else None
+            if before is not None and o.blocks[b].hash != before and b != o.null_block:
+                return [ctx.v("I4", f"block {b}, hit by {ctx.op.req}, was evicted during that admission "
+                                    f"(hash {o.short_hash(before)} -> {o.short_hash(o.blocks[b].hash)})", [b])]
     for b in o.usable_ids():
         has, should = o.blocks[b].hash is not None, pool.hash[b] is not None
         if has and not should:
@@ -283,7 +325,9 @@ def max_hit(ctx: StepContext) -> list[Violation]:
     n = len(ctx.model.reqs[rid].tokens)
     if ctx.result % bs:
         return [ctx.v("MAX_HIT", f"{rid} hit {ctx.result} tokens, not a multiple of the block size {bs}", requests=[rid])]
-    if ctx.result >= n:
+    # Where whole-prompt hits are declared, the last token's KV is read from the cache
+    # instead of computed, and KV_INTEGRITY checks that read.
+    if ctx.result > n or (ctx.result == n and not getattr(ctx.traits, "whole_prompt_hits", False)):
         return [ctx.v("MAX_HIT", f"{rid} hit all {n} prompt tokens; at least the last must be computed", requests=[rid])]
     if isinstance(ctx.expected, int) and ctx.result > ctx.expected:
         return [ctx.v("MAX_HIT", f"{rid} hit {ctx.result} tokens but only {ctx.expected} are cached from block 0",
@@ -296,7 +340,7 @@ def no_leak(ctx: StepContext) -> list[Violation]:
     if not _valid(ctx):
         return []
     o = ctx.obs
-    if isinstance(ctx.op, (Admit, Step)) and _refused(ctx.result) and not _refused(ctx.expected):
+    if isinstance(ctx.op, (Admit, Step, Prefill)) and _refused(ctx.result) and not _refused(ctx.expected):
         return [ctx.v("NO_LEAK", f"{ctx.op!r} was refused although enough blocks were free or reclaimable",
                       requests=[ctx.op.req])]
     quiet = not ctx.model.running() if isinstance(ctx.model, CacheModel) else not ctx.pool.held()
@@ -314,7 +358,9 @@ def stable_ids(ctx: StepContext) -> list[Violation]:
     o = ctx.obs
     for rid, rs in o.requests.items():
         before = ctx.prev.requests.get(rid)
-        if before is not None and tuple(rs.table[: len(before.table)]) != tuple(before.table):
+        # A window group may swap a block it no longer reads for the null block.
+        if before is not None and any(a != b and b != o.null_block for a, b in zip(before.table, rs.table)) \
+                or before is not None and len(rs.table) < len(before.table):
             return [ctx.v("I2", f"{rid}'s block table changed under it: {list(before.table)} -> {list(rs.table)}",
                           requests=[rid])]
     owners: dict[int, list[str]] = {}
@@ -348,6 +394,10 @@ def eviction_order(ctx: StepContext) -> list[Violation]:
             if q is not None and list(rs.table) != q.table:
                 return [ctx.v("EVICTION_ORDER", f"{rid} got blocks {list(rs.table)}; the policy gives {q.table}",
                               requests=[rid])]
+            more = [list(t) for t in getattr(q, "more", ())]
+            if q is not None and [list(t) for t in rs.groups] != more:
+                return [ctx.v("EVICTION_ORDER", f"{rid} got blocks {[list(t) for t in rs.groups]} in groups 1..; "
+                                                f"the policy gives {more}", requests=[rid])]
     return []
 
 
@@ -355,6 +405,9 @@ def eviction_order(ctx: StepContext) -> list[Violation]:
 def kv_integrity(ctx: StepContext) -> list[Violation]:
     if ctx.shadow is None or not isinstance(ctx.model, CacheModel) or not _valid(ctx):
         return []
+    if hasattr(ctx.model, "groups"):
+        from kvspec.spec.group_checks import kv_integrity_groups
+        return kv_integrity_groups(ctx)
     for rid, rs in ctx.obs.requests.items():
         q = ctx.model.reqs.get(rid)
         if q is None:
@@ -365,6 +418,12 @@ def kv_integrity(ctx: StepContext) -> list[Violation]:
             return [ctx.v("KV_INTEGRITY", f"{rid} reads token {p} from block {b}, which holds KV of another prefix",
                           [b], [rid])]
     return []
+
+
+from kvspec.spec import group_checks as _group_checks  # noqa: E402  (its checks join CHECKS)
+
+for _fn in (_group_checks.hit_content, _group_checks.hit_agreement, _group_checks.window, _group_checks.slots):
+    check(_fn)
 
 
 def check_step(ctx: StepContext) -> list[Violation]:

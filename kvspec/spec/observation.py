@@ -22,6 +22,8 @@ class BlockState:
 class RequestState:
     table: tuple[int, ...]    # block ids, logical block 0 first
     computed: int             # tokens whose KV is in the table (cached prefix included)
+    # The tables of KV-cache groups 1.. (group 0's is ``table``); empty with one group.
+    groups: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,10 @@ class Observation:
     # Problems the adapter found walking the queue (links that disagree with the walk).
     queue_problems: tuple[str, ...] = ()
 
-    def usable_ids(self) -> range:
-        return range(1 if self.null_block == 0 else 0, len(self.blocks))
+    def usable_ids(self):
+        if self.null_block is None or self.null_block == 0:
+            return range(1 if self.null_block == 0 else 0, len(self.blocks))
+        return [b for b in range(len(self.blocks)) if b != self.null_block]  # a null block elsewhere
 
     def short_hash(self, h: Optional[Hashable]) -> str:
         if h is None:

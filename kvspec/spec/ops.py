@@ -90,18 +90,42 @@ class Admit(Op):
     """Schedule a request: prefix lookup, then slots for the rest, or refusal.
 
     ``prompt`` starts a new request; ``None`` re-admits a waiting one (refused
-    earlier, or preempted, with every token it had).
+    earlier, or preempted, with every token it had). ``chunk``: prompt tokens to
+    compute now (chunked prefill; None: all). ``extra``: extra keys, e.g.
+    ``'lora:A'``, ``'salt:s'``, ``'mm:X@2'`` (joined by ``;``). ``external``: tokens
+    after the hit that a connector supplies (at most all but the last token).
     """
     req: str
     prompt: Optional[tuple[int, ...]] = None
+    chunk: Optional[int] = None
+    extra: Optional[str] = None
+    external: int = 0
+    level: ClassVar[str] = "cache"
+
+
+@dataclass(frozen=True)
+class Prefill(Op):
+    """Chunked prefill: compute the next ``n`` prompt tokens of a running request."""
+    req: str
+    n: int
     level: ClassVar[str] = "cache"
 
 
 @dataclass(frozen=True)
 class Step(Op):
-    """Decode: append ``token`` to a running request and allocate its slot."""
+    """Decode: append ``token`` to a running request and allocate its slot, plus one
+    slot per speculative ``drafts`` token (computed, never cached until verified)."""
     req: str
     token: int
+    drafts: tuple[int, ...] = ()
+    level: ClassVar[str] = "cache"
+
+
+@dataclass(frozen=True)
+class Verify(Op):
+    """Keep the first ``accepted`` draft tokens of the last step; roll back the rest."""
+    req: str
+    accepted: int
     level: ClassVar[str] = "cache"
 
 
@@ -120,7 +144,22 @@ class Finish(Op):
 
 
 POOL_OPS = (Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset)
-CACHE_OPS = (Admit, Step, Preempt, Finish)
+CACHE_OPS = (Admit, Step, Preempt, Finish, Prefill, Verify)
+
+
+def _short_repr(self: Op) -> str:
+    """Valid Python, leaving out fields at their defaults, so repros stay short."""
+    parts = []
+    for f in dataclasses.fields(self):
+        v = getattr(self, f.name)
+        if f.default is not dataclasses.MISSING and v == f.default:
+            continue
+        parts.append(f"{f.name}={v!r}")
+    return f"{type(self).__name__}({', '.join(parts)})"
+
+
+for _cls in POOL_OPS + CACHE_OPS:
+    _cls.__repr__ = _short_repr  # type: ignore[method-assign]
 _BY_NAME = {cls.__name__: cls for cls in POOL_OPS + CACHE_OPS}
 
 

@@ -53,4 +53,7 @@ class HashMap:
 
 
 def _show(key: Hashable) -> str:
+    if isinstance(key, tuple) and len(key) == 3 and isinstance(key[2], tuple):  # (group, extra keys, prefix)
+        g, extra, prefix = key
+        return f"group {g}, extra keys {extra or 'none'}, prefix {list(prefix)}"
     return f"prefix {list(key)}" if isinstance(key, tuple) else repr(key)

@@ -47,9 +47,50 @@ class Traits:
     # with that content, which stays hashed while held but is never hit again
     # (nano-vllm's ``hash_to_block_id`` dict).
     index_latest_wins: bool = False
+    # The target drives KV-cache groups (--kv-groups), chunked prefill, draft tokens,
+    # extra keys, connector tokens and max_model_len at the cache level: the machines
+    # then generate those operations and the group-aware model is used.
+    cache_features: bool = False
     # Smallest block size the target supports (nano-vllm detects a block boundary
     # with ``len(seq) % block_size == 1``, which never fires for block size 1).
     min_block_size: int = 1
+    # -- declared policies (kvspec.targets.policies validates declarations) -------------
+    # The prefix-caching modes the target supports: "on", "off" or "both" (the machines
+    # draw one per example; ``kvspec mc --caching``).
+    prefix_caching: str = "both"
+    # Free-queue order: "lru_tail_first" (vLLM: freed blocks to the back, a request's
+    # tail first), "mru" (a free call's blocks to the front, in its order), "fifo" (to
+    # the back, a request's head first), "sorted" (the queue kept in block-id order).
+    # ``unhashed_free_first`` refines the first two; with caching off every block is
+    # unhashed, so vLLM's traits give vLLM's caching-off policy (front, tail first).
+    free_order: str = "lru_tail_first"
+    # A prefix hit may cover the whole prompt (nano-vllm-voxcpm runs a fully cached
+    # prompt as a decode step): MAX_HIT then allows it, and KV_INTEGRITY checks that the
+    # last token's KV is read correctly.
+    whole_prompt_hits: bool = False
+    # The null block's id, where ``null_block`` is true.
+    null_block_id: int = 0
+    # Misuse kind (kvspec.spec.misuse.MISUSE_KINDS, or "*") -> the documented error
+    # class; ``misuse_errors`` is then their union unless given.
+    misuse_error_map: tuple[tuple[str, type[BaseException]], ...] = ()
+    # Op names (kvspec.spec.ops) the target has no API for, e.g. Touch, Lookup and Reset
+    # on an allocator without ref counts or a prefix cache (sglang's, LMCache's): the
+    # machines and the model checker never run them against it.
+    unsupported_ops: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        from kvspec.targets.policies import CACHING_MODES, FREE_ORDERS
+        if self.free_order not in FREE_ORDERS:
+            raise ValueError(f"free_order {self.free_order!r} is not one of {', '.join(FREE_ORDERS)}")
+        if self.prefix_caching not in CACHING_MODES:
+            raise ValueError(f"prefix_caching {self.prefix_caching!r} is not one of {', '.join(CACHING_MODES)}")
+        if self.misuse_error_map and not self.misuse_errors:
+            object.__setattr__(self, "misuse_errors", tuple(dict.fromkeys(c for _, c in self.misuse_error_map)))
+
+    @property
+    def caching_modes(self) -> tuple[bool, ...]:
+        """The ``Config.caching`` values the target is checked under."""
+        return {"on": (True,), "off": (False,), "both": (True, False)}[self.prefix_caching]
 
 
 class Driver(ABC):

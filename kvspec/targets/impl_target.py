@@ -7,9 +7,10 @@ from types import ModuleType
 from typing import Any, Optional
 
 from kvspec.spec.config import Config
-from kvspec.spec.observation import Observation, RequestState
-from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
+from kvspec.spec.observation import Observation
 from kvspec.targets.base import Driver, Target, Traits
+from kvspec.targets.policies import with_policies
+from kvspec.targets.impl_cache import ImplCacheDriver  # noqa: F401  (re-exported)
 from kvspec.targets.snapshot import _InPlaceSnapshots
 from kvspec.targets.v1_driver import V1PoolDriver, _Deltas, observe_pool
 
@@ -38,64 +39,24 @@ class ImplPoolDriver(_InPlaceSnapshots, _Deltas, V1PoolDriver):
     def _tracked_pool(self) -> Any:
         return self.pool
 
-class ImplCacheDriver(_InPlaceSnapshots, _Deltas, Driver):
-    """Plays the scheduler: prefill = lookup + allocate_slots; decode = append + allocate."""
-
-    def __init__(self, mod: ModuleType, config: Config) -> None:
-        self.mgr = mod.KVCacheManager(config.num_blocks, config.block_size, enable_caching=config.caching)
-        self.reqs: dict[str, Any] = {}
-        self.running: set[str] = set()
-
-    def apply(self, op: Op) -> Any:
-        m = self.mgr
-        if isinstance(op, Admit):
-            req = self.reqs.get(op.req) if op.prompt is None else m.make_request(op.req, op.prompt)
-            if req is None:
-                raise KeyError(f"no waiting request {op.req}")
-            self.reqs[op.req] = req
-            hits, num_hit = m.get_computed_blocks(req)
-            if m.allocate_slots(req, req.num_tokens - num_hit, num_hit, hits) is None:
-                return None
-            req.num_computed_tokens = req.num_tokens
-            self.running.add(op.req)
-            return num_hit
-        if isinstance(op, Step):
-            req = self.reqs[op.req]
-            req.append_output_token_ids(op.token)
-            if m.allocate_slots(req, req.num_tokens - req.num_computed_tokens) is None:
-                return False
-            req.num_computed_tokens = req.num_tokens
-            return True
-        if isinstance(op, (Preempt, Finish)):
-            req = self.reqs.get(op.req) or m.make_request(op.req, [0])
-            # A waiting request holds nothing: finishing it is bookkeeping only, while
-            # preempting it (or anything unknown) reaches the manager, which must refuse.
-            if op.req in self.running or isinstance(op, Preempt) or op.req not in self.reqs:
-                m.free(req)
-            self.running.discard(op.req)
-            req.num_computed_tokens = 0
-            if isinstance(op, Finish):
-                self.reqs.pop(op.req, None)
-            return None
-        raise TypeError(f"{op!r} is not a cache-level op")
-
-    def _requests(self) -> dict:
-        return {rid: RequestState(tuple(self.mgr.get_block_ids(rid)), self.reqs[rid].num_computed_tokens)
-                for rid in sorted(self.running)}
-
-    def observe(self) -> Observation:
-        return observe_pool(self.mgr.block_pool, self._requests())
-
-    def _tracked_pool(self) -> Any:
-        return self.mgr.block_pool
-
 class ImplTarget(Target):
     def __init__(self, mod: Optional[ModuleType] = None, label: str = "impl") -> None:
         if mod is None:
             from kvspec import impl as mod  # type: ignore[no-redef]
         self.mod = mod
         self.name = label
-        self.traits = Traits(null_block=True, unhashed_free_first=False, misuse_errors=(mod.KVCacheError,))
+        # impl draws its root hash at random per process (so tenants cannot precompute
+        # each other's hashes); under kvspec it is fixed, so the same seed prints the same
+        # hash values in every process (reproducible messages and repros).
+        if callable(getattr(mod, "init_none_hash", None)):
+            mod.init_none_hash(seed=0)
+        base = Traits(null_block=True, unhashed_free_first=False, misuse_errors=(mod.KVCacheError,),
+                      cache_features=hasattr(mod, "HybridKVCacheManager"))
+        # impl declares its policies in code, beside the allocator, so a patch that changes
+        # a policy (kvspec/corpus/impl/policy_*.diff) changes its declaration with it.
+        decl = getattr(getattr(mod, "KVCacheManager", None), "kvspec_traits", None)
+        self.traits = base if decl is None else with_policies(base, decl, f"{label}: KVCacheManager.kvspec_traits",
+                                                              mod.__name__)
 
     def driver(self, config: Config) -> Driver:
         return ImplCacheDriver(self.mod, config) if config.level == "cache" else ImplPoolDriver(self.mod, config)

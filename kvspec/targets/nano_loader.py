@@ -16,6 +16,8 @@ from typing import Iterator, Mapping, Optional, Sequence as Seq
 
 from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
 from kvspec.targets.base import TargetError
+from kvspec.targets.stub_import import package_dir as _package_dir
+from kvspec.targets.stub_import import stand_ins, stubbed
 
 
 # -- importing with patched files ------------------------------------------------------
@@ -100,34 +102,12 @@ def module_name(rel: str) -> str:
 
 
 # -- loading nano-vllm without its __init__ -------------------------------------------
-@contextlib.contextmanager
-def _stub_packages(package: str, pkg_dir: Path) -> Iterator[None]:
-    added = []
-    for name, d in ((package, pkg_dir), (f"{package}.engine", pkg_dir / "engine")):
-        if name not in sys.modules:
-            stub = types.ModuleType(name, "kvspec stand-in: the real __init__ is not run")
-            stub.__path__ = [str(d)]
-            sys.modules[name] = stub
-            added.append(name)
-    try:
-        yield
-    finally:
-        for name in added:
-            sys.modules.pop(name, None)
+def _stub_packages(package: str, pkg_dir: Path):
+    return stand_ins(pkg_dir, (package, f"{package}.engine"))
 
 
 def package_dir(package: str) -> Path:
-    mod = sys.modules.get(package)
-    if mod is not None and getattr(mod, "__path__", None):
-        return Path(list(mod.__path__)[0])
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or not spec.submodule_search_locations:
-        raise TargetError(f"target nanovllm:{package}: package {package!r} is not installed "
-                          f"(pip install nano-vllm-fork --no-deps)")
-    return Path(list(spec.submodule_search_locations)[0])
+    return _package_dir(package, f"nanovllm:{package}", "pip install nano-vllm-fork --no-deps")
 
 
 def load_nano(package: str = "nanovllm", patch_text: Optional[str] = None) -> tuple[type, type]:
@@ -156,3 +136,50 @@ def load_nano(package: str = "nanovllm", patch_text: Optional[str] = None) -> tu
         if not isinstance(getattr(mod, attr, None), type):
             raise TargetError(f"target nanovllm:{package}: {mod.__name__} defines no class {attr}")
     return bm.BlockManager, seq.Sequence
+
+
+# -- importing a module without its parent packages' __init__ ---------------------------
+def _parent_dirs(modname: str) -> list[tuple[str, Path]]:
+    """(name, directory) of each parent package of ``modname``, from the file system only."""
+    parts = modname.split(".")[:-1]
+    if not parts:
+        return []
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: runs no package code
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    d = Path(list(spec.submodule_search_locations)[0])
+    out = [(parts[0], d)]
+    for i in range(1, len(parts)):
+        d = d / parts[i]
+        if not d.is_dir():
+            return []
+        out.append((".".join(parts[: i + 1]), d))
+    return out
+
+
+def stub_parents(modname: str):
+    """For the ``with`` body, each parent package of ``modname`` not yet imported is a
+    stand-in module with the real ``__path__``, so importing ``modname`` runs none of their
+    ``__init__`` files (which in nano-vllm derivatives import torch models, flash-attn or
+    torch_npu); the stand-ins are removed afterwards, the modules imported under them stay."""
+    return stubbed(_parent_dirs(modname))
+
+
+def import_module_light(modname: str) -> types.ModuleType:
+    """``modname``, imported normally; if that fails on an import its parent packages'
+    ``__init__`` makes (a GPU-only library), imported again with them stubbed out."""
+    try:
+        return importlib.import_module(modname)
+    except ImportError as first:
+        if modname in sys.modules:
+            return sys.modules[modname]  # it ran to its end; what failed was a parent's __init__
+        if not _parent_dirs(modname):
+            raise
+        try:
+            with stub_parents(modname):
+                return importlib.import_module(modname)
+        except ImportError:
+            raise first from None

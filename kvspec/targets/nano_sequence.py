@@ -7,7 +7,10 @@ provides that surface and nothing else (no sampling parameters, no status).
 """
 from __future__ import annotations
 
-from typing import Iterable
+import inspect
+from typing import Any, Callable, Iterable
+
+from kvspec.errors import TargetError
 
 
 class Sequence:
@@ -62,3 +65,50 @@ class Sequence:
     def pop_token(self) -> int:
         """Undo ``append_token`` (the driver's refused decode step)."""
         return self.token_ids.pop()
+
+
+# -- building a package's own Sequence ---------------------------------------------------
+# Constructor parameters kvspec knows how to fill, by name (nano-vllm: ``Sequence(token_ids,
+# sampling_params=...)``; nano-vllm-voxcpm: ``Sequence(seq_id, token_ids, block_size, ...)``).
+TOKEN_PARAMS = ("token_ids", "tokens", "prompt_token_ids", "input_ids", "prompt")
+BLOCK_SIZE_PARAMS = ("block_size", "kvcache_block_size")
+ID_PARAMS = ("seq_id", "sequence_id", "request_id", "req_id", "id")
+
+
+def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
+    """``make(tokens, block_size, n)`` building ``seq_cls`` by its constructor's signature:
+    tokens, block size and a sequence id (``n``, as a str where the parameter is annotated
+    str) go to the parameters so named; any other parameter must have a default. Raises
+    TargetError naming a parameter kvspec cannot fill."""
+    try:
+        params = list(inspect.signature(seq_cls).parameters.values())
+    except (TypeError, ValueError):
+        return lambda tokens, bs, n: seq_cls(list(tokens))
+    plan: list[tuple[inspect.Parameter, str]] = []
+    for p in params:
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        role = ("tokens" if p.name in TOKEN_PARAMS else "block_size" if p.name in BLOCK_SIZE_PARAMS
+                else "id" if p.name in ID_PARAMS else None)
+        if role is None:
+            if p.default is inspect.Parameter.empty:
+                raise TargetError(f"cannot build {seq_cls.__module__}.{seq_cls.__name__}: its constructor needs "
+                                  f"{p.name!r}, and kvspec fills only token_ids, block_size and seq_id")
+            continue
+        plan.append((p, role))
+    if not any(role == "tokens" for _, role in plan):
+        raise TargetError(f"cannot build {seq_cls.__module__}.{seq_cls.__name__}: its constructor has no "
+                          f"token_ids parameter")
+    id_is_str = any(role == "id" and p.annotation in (str, "str") for p, role in plan)
+
+    def make(tokens: list, block_size: int, n: int) -> Any:
+        values = {"tokens": list(tokens), "block_size": block_size, "id": f"kvspec-{n}" if id_is_str else n}
+        args, kwargs = [], {}
+        for p, role in plan:
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY:
+                args.append(values[role])
+            else:
+                kwargs[p.name] = values[role]
+        return seq_cls(*args, **kwargs)
+
+    return make

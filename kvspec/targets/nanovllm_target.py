@@ -32,7 +32,8 @@ check the block's ``token_ids``). It is normalized so the generic invariants mea
 same as for vLLM: ``queue`` is ``free_block_ids`` in order; a block's hash is reported
 while it is held, or while it is free and the dict can still hit it (otherwise nothing
 can ever hit it: it is not cached); the index holds the dict entries the manager's own
-lookup would accept, plus held blocks whose entry a later duplicate replaced.
+lookup would accept, and nothing of the adapter's own (a held block whose entry a later
+duplicate replaced is absent, as in the dict: ``Traits.index_latest_wins`` allows that).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
 from kvspec.targets.base import Driver, Target, TargetError, Traits
 from kvspec.targets.nano_loader import load_nano
+from kvspec.targets.nano_sequence import sequence_factory
 
 BOOLEAN, COUNTED = "boolean", "counted"  # the two can_allocate/allocate generations
 NANO_METHODS = ("can_allocate", "allocate", "deallocate", "can_append", "may_append")
@@ -118,6 +120,8 @@ class NanoDriver(Driver):
         bs = getattr(self.mgr, "block_size", config.block_size)
         self.bs = bs if isinstance(bs, int) and bs > 0 else config.block_size  # the Sequences follow the manager
         self.seq_cls = seq_cls
+        self.make_seq = sequence_factory(seq_cls)  # by the constructor's signature
+        self.seq_count = 0
         self.counted = api == COUNTED
         self.hash_blocks_args = _positional(manager_cls.hash_blocks) if self.counted else 0
         self.seqs: dict[str, Any] = {}
@@ -144,7 +148,14 @@ class NanoDriver(Driver):
 
     # -- Sequence handling ---------------------------------------------------------------
     def new_seq(self, tokens) -> Any:
-        seq = self.seq_cls(list(tokens))
+        """A Sequence of the package's own class. Failing to build one is kvspec's adapter
+        failing (TargetError), never a finding against the manager."""
+        self.seq_count += 1
+        try:
+            seq = self.make_seq(list(tokens), self.bs, self.seq_count)
+        except Exception as e:
+            raise TargetError(f"kvspec could not build a {self.seq_cls.__module__}.{self.seq_cls.__name__} for "
+                              f"tokens {list(tokens)} with block_size {self.bs}: {type(e).__name__}: {e}") from None
         try:  # an instance attribute, so drivers of different block sizes can coexist
             seq.block_size = self.bs
         except AttributeError:
@@ -235,6 +246,12 @@ class NanoDriver(Driver):
 
     # -- observation -------------------------------------------------------------------------
     def observe(self) -> Observation:
+        try:
+            return self._observe()
+        except AttributeError as e:  # a field the observation reads is missing: kvspec cannot read the state
+            raise TargetError(f"kvspec could not read {type(self.mgr).__name__}'s state: {e}") from None
+
+    def _observe(self) -> Observation:
         m = self.mgr
         blocks, n = m.blocks, len(m.blocks)
         free = list(m.free_block_ids)
@@ -250,7 +267,8 @@ class NanoDriver(Driver):
         table = m.hash_to_block_id
 
         def hittable(h, b) -> bool:  # what allocate's lookup accepts: the block's tokens match
-            return type(b) is int and 0 <= b < n and self.content.get(h) == tuple(blocks[b].token_ids)
+            return type(b) is int and 0 <= b < n and (blocks[b].hash == h  # still the block it names
+                                                      or self.content.get(h) == tuple(blocks[b].token_ids))
 
         states, index = [], {}
         for b, blk in enumerate(blocks):
@@ -258,12 +276,9 @@ class NanoDriver(Driver):
             if h is not None and blk.ref_count == 0 and not (table.get(h) == b and hittable(h, b)):
                 h = None  # free and unreachable: nothing can hit it, so it is not cached
             states.append(BlockState(blk.ref_count, h, b in free_set))
-        for h, b in table.items():
-            if hittable(h, b):
+        for h, b in table.items():  # the manager's own index and nothing else (a held block whose
+            if hittable(h, b):         # entry a duplicate took is allowed by Traits.index_latest_wins)
                 index.setdefault(h, []).append(b)
-        for b, s in enumerate(states):
-            if s.hash is not None and b not in index.get(s.hash, ()):
-                index.setdefault(s.hash, []).append(b)  # held, its entry taken by a duplicate
         reqs = {rid: RequestState(tuple(self.seqs[rid].block_table), len(self.seqs[rid]))
                 for rid in sorted(self.running)}
         return Observation(blocks=tuple(states), queue=tuple(free), index={h: tuple(v) for h, v in index.items()},
@@ -285,51 +300,55 @@ def _has_hash(h: Any) -> bool:
 
 
 # -- target ----------------------------------------------------------------------------
-def probe_policies(manager_cls: type, seq_cls: type, api: str,
-                   make: Optional[Callable[..., Any]] = None) -> dict[str, bool]:
-    """Read two policies off an (unpatched) manager. nano-vllm's history has both
-    settings of each, so which one a manager follows is its documented policy:
-
-    - admit_all_blocks: with 3 blocks of 2 tokens, a holds [1,2][3]; may b = [1,2][4]
-      (one shared hit, one new block, one block free) be admitted? nano-vllm's boolean
-      ``can_allocate`` counts every block of the request (refused); the counted one,
-      like vLLM, only the blocks it must take from the free list (admitted).
-    - free_evicts: with a finished, is a's full block still cached? nano-vllm-fork's
-      ``deallocate`` deletes the ``hash_to_block_id`` entry of a block it frees (its
-      "Fix: Clean up hash_to_block_id mapping to prevent stale references"); upstream
-      nano-vllm keeps it, and a later ``allocate`` may revive the free block.
-
-    A manager that fails the probe keeps the defaults; the checker then reports it."""
-    out = {"admit_all_blocks": False, "free_evicts": False}
-    try:
-        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2), make)
-        d.apply(Admit("a", (1, 2, 3)))
-        out["admit_all_blocks"] = d.apply(Admit("b", (1, 2, 4))) is None
-        d = NanoDriver(manager_cls, seq_cls, api, Config(level="cache", num_blocks=3, block_size=2), make)
-        d.apply(Admit("a", (1, 2, 3)))
-        first = d.observe().requests["a"].table[0]
-        d.apply(Finish("a"))
-        out["free_evicts"] = d.observe().blocks[first].hash is None
-    except Exception:
-        pass
-    return out
+# nano-vllm's policies where a package declares nothing (kvspec.targets.policies has the
+# declarations of released derivatives): vLLM's, except that the manager has no null block
+# and always caches, and that the boolean can_allocate generation counts every block.
+def nano_defaults(api: str) -> dict[str, Any]:
+    from kvspec.targets.policies import VLLM_DEFAULTS
+    return {**VLLM_DEFAULTS, "null_block": None, "prefix_caching": "on", "admit_all_blocks": api == BOOLEAN}
 
 
-def nano_traits(manager_cls: type, seq_cls: type, api: str, make: Optional[Callable[..., Any]] = None) -> Traits:
-    """What a nano-vllm-style manager documents, for the reference model:
+def nano_traits(manager_cls: type, seq_cls: type, api: str, make: Optional[Callable[..., Any]] = None,
+                **policies: Any) -> Traits:
+    """What the nano-vllm API itself fixes, with ``policies`` (declared) on top:
 
-    - no null block; freed blocks go to the tail of ``free_block_ids`` (``append``), a
-      request's tail first (``deallocate`` walks ``reversed(seq.block_table)``), and new
-      blocks come from its front: plain LRU, the model's default order;
+    - no null block; prefix caching always on (the manager has no switch);
     - misuse is met with ``assert`` at best: no documented defence (robustness findings);
     - deallocating a Sequence that holds nothing is a no-op (``free_unknown_request``);
     - one block per hash in ``hash_to_block_id``, the latest cached wins;
     - block size at least 2: block boundaries are found with ``len(seq) % block_size == 1``,
-      which never holds for block size 1 (nano-vllm's Config asks multiples of 256);
-    - admission counting and eviction on free, read off the manager (``probe_policies``)."""
-    return Traits(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
-                  documented_noops=frozenset({"free_unknown_request"}), index_latest_wins=True,
-                  min_block_size=2, **probe_policies(manager_cls, seq_cls, api, make))
+      which never holds for block size 1 (nano-vllm's Config asks multiples of 256).
+
+    Freed blocks go to the tail of ``free_block_ids`` (``append``), a request's tail first
+    (``reversed(seq.block_table)``): "lru_tail_first", the default order. Admission
+    counting and eviction on free are policies a package declares; they are never probed."""
+    fixed: dict[str, Any] = dict(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
+                                 documented_noops=frozenset({"free_unknown_request"}), index_latest_wins=True,
+                                 min_block_size=2, prefix_caching="on")
+    return Traits(**{**fixed, **policies})
+
+
+def check_nano_policies(traits: Traits, where: str) -> Traits:
+    """The declared policies the nano-vllm API can be checked under, else UsageError."""
+    from kvspec.errors import UsageError
+    if traits.null_block:
+        raise UsageError(f"{where}: a nano-vllm BlockManager has no null block: declare null_block = \"none\"")
+    if traits.prefix_caching != "on":
+        raise UsageError(f"{where}: a nano-vllm BlockManager always caches prefixes: declare prefix_caching = \"on\"")
+    return traits
+
+
+def declared_nano_traits(manager_cls: type, seq_cls: type, api: str, name: str, source: Any = None,
+                         defaults_name: str = "vLLM's") -> Traits:
+    """``nano_traits`` with the policies the manager's package declares (see
+    ``kvspec.targets.policies.declared_traits``); nano-vllm's defaults otherwise."""
+    from kvspec.targets.policies import declared_traits
+    defaults = nano_defaults(api)
+    if defaults_name == "vLLM's":
+        defaults["admit_all_blocks"] = False  # a user class: vLLM's admission
+    t = declared_traits(nano_traits(manager_cls, seq_cls, api), cls=manager_cls, source=source, name=name,
+                        defaults=defaults, defaults_name=defaults_name)
+    return check_nano_policies(t, name)
 
 
 class NanoTarget(Target):
@@ -341,6 +360,7 @@ class NanoTarget(Target):
                  make: Optional[Callable[..., Any]] = None) -> None:
         self.manager_cls, self.seq_cls, self.name, self.make = manager_cls, seq_cls, name, make
         self.api = detect_nano_api(manager_cls)
+        # Declared policies only (kvspec.targets.policies); without a declaration, vLLM's.
         self.traits = traits if traits is not None else nano_traits(manager_cls, seq_cls, self.api, make)
 
     def driver(self, config: Config) -> Driver:
@@ -359,11 +379,7 @@ class NanoTarget(Target):
         if missing:
             raise TargetError(f"{self.manager_cls.__name__} has the nano-vllm BlockManager methods but not the "
                               f"internals kvspec observes: {', '.join(missing)}")
-        try:
-            d.new_seq([1, 2, 3])
-        except Exception as e:
-            raise TargetError(f"cannot build {self.seq_cls.__module__}.{self.seq_cls.__name__}(token_ids) with "
-                              f"block_size {d.bs}: {type(e).__name__}: {e}") from None
+        d.new_seq([1, 2, 3])  # TargetError naming what kvspec could not build
 
     def describe(self) -> str:
         t = self.traits
@@ -380,11 +396,22 @@ class NanoVllmTarget(NanoTarget):
             api = detect_nano_api(base_bm)
         except TargetError as e:
             raise TargetError(f"target nanovllm:{package}: {e}") from None
-        traits = nano_traits(base_bm, base_seq, api)  # what the release does is what it documents
-        bm, seq = (base_bm, base_seq) if patch_text is None else load_nano(package, patch_text)
         name = "nanovllm" if package == "nanovllm" else f"nanovllm:{package}"
+        # The release's declared policies (kvspec's table of released derivatives, a class
+        # attribute or [tool.kvspec]), never a probe of its code; a patch keeps them.
+        traits = declared_nano_traits(base_bm, base_seq, api, name, source=_source_file(base_bm),
+                                      defaults_name="nano-vllm's")
+        bm, seq = (base_bm, base_seq) if patch_text is None else load_nano(package, patch_text)
         try:
             super().__init__(bm, seq, f"{name}+{patch_name}" if patch_name else name, traits)
+            self.check_internals()
         except TargetError as e:
-            raise TargetError(f"target {name} with patch {patch_name}: {e}") from None
+            raise TargetError(f"target {name}" + (f" with patch {patch_name}" if patch_name else "") + f": {e}") from None
         self.package = package
+
+
+def _source_file(cls: type) -> Any:
+    import sys
+    from pathlib import Path
+    f = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return Path(f) if f else None

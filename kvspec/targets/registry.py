@@ -3,6 +3,8 @@
     impl                  kvspec's own allocator (default)
     vllm                  the installed vllm package's v1 BlockPool / KVCacheManager
     nanovllm[:PACKAGE]    a nano-vllm-style BlockManager (PACKAGE defaults to nanovllm)
+    sglang                sglang's paged KV allocator (pool) and RadixCache (cache)
+    lmcache               LMCache's paged memory allocator (pool)
     FILE.py:NAME          a user's class in a file
     module:NAME           a user's class in an importable module
 
@@ -33,7 +35,7 @@ def load_target(spec: str = "impl", patch: Optional[str] = None, api: Optional[s
         raise TargetError(f"target {spec}: cannot import: {e}") from None
 
 
-FIXED_API_TARGETS = ("impl", "vllm")  # both APIs, one per level
+FIXED_API_TARGETS = ("impl", "vllm", "sglang", "lmcache")  # their own APIs, one per level
 
 
 def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
@@ -55,6 +57,14 @@ def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
         except ImportError as e:
             raise TargetError(f"target vllm: cannot import the vllm adapter: {e}") from None
         return VllmTarget(patch_text=diff, patch_name=patch)
+    if spec in ("sglang", "lmcache"):
+        if diff is not None:
+            raise TargetError(f"target {spec}: --patch is not supported for this target")
+        if spec == "sglang":
+            from kvspec.targets.sglang_target import SglangTarget
+            return SglangTarget()
+        from kvspec.targets.lmcache_target import LMCacheTarget
+        return LMCacheTarget()
     if spec == "nanovllm" or spec.startswith("nanovllm:"):
         try:
             from kvspec.targets.nanovllm_target import NanoVllmTarget
@@ -68,4 +78,4 @@ def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
         except ImportError as e:
             raise TargetError(f"target {spec}: cannot import the user-class adapter: {e}") from None
         return load_user_target(spec, api=api, patch_text=diff, patch_name=patch)
-    raise TargetError(f"unknown target {spec!r}: use impl, vllm, nanovllm[:PACKAGE], FILE.py:NAME or module:NAME")
+    raise TargetError(f"unknown target {spec!r}: use impl, vllm, sglang, lmcache, nanovllm[:PACKAGE], FILE.py:NAME or module:NAME")

@@ -38,9 +38,17 @@ class (as ``nanovllm.engine.block_manager`` imports one), kvspec uses it, built 
 otherwise kvspec supplies ``kvspec.targets.nano_sequence.Sequence``, which has exactly
 the surface nano-vllm's managers read (``len``, ``block(i)``, ``num_blocks``,
 ``block_table``, ``num_cached_tokens``, ``num_scheduled_tokens``, ``append_token``).
-The policies that nano-vllm's history has both ways (admission counting cached
-blocks; freed blocks leaving the cache) are read off the unpatched class, as for
-``--target nanovllm`` (``nanovllm_target.probe_policies``).
+A Sequence class is built by its constructor's signature (``token_ids``, ``block_size``,
+``seq_id``: ``nano_sequence.sequence_factory``).
+
+Policies. Declared, never read off the class (``kvspec.targets.policies``): the class's
+``kvspec_traits`` attribute (the patched class's, under ``--patch``), else ``[tool.kvspec]``
+in the pyproject.toml nearest the file, else kvspec's declaration for the released package
+that ships it, else vLLM's defaults with a note on stderr.
+
+``module:NAME`` whose package ``__init__`` fails to import (GPU-only libraries such as
+flash-attn or torch_npu) is imported again with its parent packages stubbed out
+(``nano_loader.import_module_light``).
 
 What the observation reads. Each adapter reads the allocator's internals, so a class
 needs them too: nano-vllm's ``blocks`` (``ref_count``, ``hash``, ``token_ids``),
@@ -73,7 +81,9 @@ from kvspec.spec.config import Config
 from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
 from kvspec.targets.base import Driver, Target, TargetError, Traits
 from kvspec.targets.nano_loader import import_overlay, module_name, patched_files
-from kvspec.targets.nanovllm_target import NANO_METHODS, NanoTarget
+from kvspec.targets.nano_loader import import_module_light, stub_parents
+from kvspec.targets.nanovllm_target import NANO_METHODS, NanoTarget, declared_nano_traits
+from kvspec.targets.policies import declared_traits
 
 POOL_METHODS = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "get_cached_block",
                 "reset_prefix_cache")
@@ -175,7 +185,7 @@ def _module_root(spec: str, modname: str) -> tuple[Path, str]:
 def _load_module(spec: str, modname: str, patch_text: Optional[str]) -> ModuleType:
     if patch_text is None:
         try:
-            return importlib.import_module(modname)
+            return import_module_light(modname)
         except (SyntaxError, ImportError):
             raise
         except Exception as e:
@@ -187,13 +197,13 @@ def _load_module(spec: str, modname: str, patch_text: Optional[str]) -> ModuleTy
         if not fp.path.startswith(prefix):
             raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to {root})")
     files = {module_name(rel): f for rel, f in patched_files(root, prefix, patch_text, f"user_{top}").items()}
-    importlib.import_module(modname)  # the originals, put back after the window
+    import_module_light(modname)  # the originals, put back after the window
     if modname not in files:  # re-run the target module too, so it binds the patched ones
         origin = getattr(sys.modules[modname], "__file__", None)
         if origin:
             files[modname] = Path(origin)
     try:
-        with import_overlay(files):
+        with import_overlay(files), stub_parents(modname):
             return importlib.import_module(modname)
     except (SyntaxError, ImportError, PatchError):
         raise
@@ -271,20 +281,6 @@ def is_vllm_signature(cls: type, api: str) -> bool:
     return False
 
 
-def _misuse_errors(module: ModuleType, cls: type) -> tuple[type[BaseException], ...]:
-    """A ``KVCacheError`` exception class beside the class (its module or package), as
-    kvspec's impl documents its misuse defence; none means robustness findings."""
-    places = [module, sys.modules.get(cls.__module__)]
-    pkg = (cls.__module__ or "").rpartition(".")[0]
-    if pkg:
-        places.append(sys.modules.get(pkg))
-    for m in places:
-        err = getattr(m, "KVCacheError", None)
-        if isinstance(err, type) and issubclass(err, BaseException):
-            return (err,)
-    return ()
-
-
 # -- targets -----------------------------------------------------------------------------
 class _UpstreamView:
     """vLLM's ``Upstream`` (kvspec.targets.vllm_target) with the user's class in place
@@ -312,7 +308,8 @@ class UserTarget(Target):
         return f"{self.name} ({self.style} {API_NAMES[self.api]} API)"
 
 
-def _vllm_target(spec: str, api: str, build: Any) -> UserTarget:
+def _vllm_target(spec: str, api: str, build: Any, cls: Optional[type] = None, source: Optional[Path] = None
+                 ) -> UserTarget:
     try:
         from kvspec.targets.vllm_patch import import_vllm
         from kvspec.targets.vllm_target import Upstream, VllmCacheDriver, VllmPoolDriver
@@ -322,9 +319,10 @@ def _vllm_target(spec: str, api: str, build: Any) -> UserTarget:
                           f"hashing, and vllm cannot be imported: {e}") from None
     import logging
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    traits = Traits(null_block=True, unhashed_free_first=True, misuse_errors=(),
-                    documented_noops=frozenset({"null_block", "foreign_free", "free_unknown_request"}),
-                    levels=("pool",) if api == "blockpool" else ("cache",))
+    base = Traits(null_block=True, unhashed_free_first=True, misuse_errors=(),
+                  documented_noops=frozenset({"null_block", "foreign_free", "free_unknown_request"}),
+                  levels=("pool",) if api == "blockpool" else ("cache",))
+    traits = base if cls is None else declared_traits(base, cls=cls, source=source, name=spec, note=False)
     if api == "blockpool":
         view = _UpstreamView(up, block_pool=SimpleNamespace(BlockPool=build))
         target = UserTarget(spec, traits, lambda c: VllmPoolDriver(view, c), api, "vLLM")
@@ -336,10 +334,13 @@ def _vllm_target(spec: str, api: str, build: Any) -> UserTarget:
     except Exception as e:
         raise TargetError(f"target {spec}: kvspec cannot build or observe this vLLM-style {API_NAMES[api]} as it "
                           f"does vLLM's: {type(e).__name__}: {e}") from None
+    if cls is not None:
+        declared_traits(base, cls=cls, source=source, name=spec)  # the note, once the class is known to work
     return target
 
 
-def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType) -> UserTarget:
+def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType, source: Optional[Path] = None,
+                 note: bool = True) -> UserTarget:
     from kvspec.targets.impl_target import ImplCacheDriver, ImplPoolDriver
     from kvspec.targets.v1_driver import observe_pool
 
@@ -350,7 +351,7 @@ def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType)
                               f"{', '.join(missing)} (kvspec's impl API: make_request(request_id, prompt_token_ids), "
                               f"get_block_ids(request_id)), nor vLLM's constructor (kv_cache_config, ...)")
         ns = SimpleNamespace(KVCacheManager=build)
-        make_driver: Callable[[Config], Driver] = lambda c: ImplCacheDriver(ns, c)  # noqa: E731
+        make_driver: Callable[[Config], Driver] = lambda c: ImplCacheDriver(ns, c, features=False)  # noqa: E731
         level = "cache"
     else:
         ns = SimpleNamespace(BlockPool=build)
@@ -368,8 +369,8 @@ def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType)
         raise TargetError(f"target {spec}: {cls.__name__} has the {API_NAMES[api]} methods but kvspec cannot read "
                           f"its internals (blocks, free_block_queue, cached_block_hash_to_block, "
                           f"get_num_free_blocks): {type(e).__name__}: {e}") from None
-    traits = Traits(null_block=getattr(pool, "null_block", None) is not None, unhashed_free_first=False,
-                    misuse_errors=_misuse_errors(module, cls), levels=(level,))
+    # Declared policies (a class attribute or [tool.kvspec]), else vLLM's, with a note.
+    traits = declared_traits(Traits(levels=(level,)), cls=cls, source=source, name=spec.split("+", 1)[0], note=note)
     return UserTarget(spec, traits, make_driver, api, "kvspec impl")
 
 
@@ -383,20 +384,31 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         _, pcls, pmake = resolve(pobj, spec, api)
     else:
         pmodule, pcls, pmake = module, cls, make
+    source = _source_of(spec, module)  # where [tool.kvspec] is looked for: the unpatched file
     if api == "nanovllm":
         seq_cls = _sequence_class(module, cls)
         try:
-            base = NanoTarget(cls, seq_cls, spec, make=make)  # the policies, from the unpatched class
+            base = NanoTarget(cls, seq_cls, spec, make=make)
             base.check_internals()
-            target = base if patch_text is None else NanoTarget(pcls, _sequence_class(pmodule, pcls), name,
-                                                                base.traits, make=pmake)
+            # Declared policies (the patched class's kvspec_traits, [tool.kvspec], kvspec's
+            # table of released derivatives), else vLLM's with a note; never probed.
+            traits = declared_nano_traits(pcls, seq_cls, base.api, spec, source=source)
+            target = NanoTarget(pcls, _sequence_class(pmodule, pcls), name, traits, make=pmake)
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}") from None
         return target
     if is_vllm_signature(cls, api):
-        return _vllm_target(name, api, pmake or pcls)
-    _impl_target(spec, api, cls, make or cls, module)  # the unpatched class must pass the shape checks
-    return _impl_target(name, api, pcls, pmake or pcls, pmodule)
+        return _vllm_target(name, api, pmake or pcls, pcls, source)
+    _impl_target(spec, api, cls, make or cls, module, source, note=False)  # the unpatched class must pass the shape checks
+    return _impl_target(name, api, pcls, pmake or pcls, pmodule, source)
+
+
+def _source_of(spec: str, module: ModuleType) -> Optional[Path]:
+    where, _ = parse_spec(spec)
+    if where.endswith(".py"):
+        return Path(where).expanduser().resolve()
+    f = getattr(module, "__file__", None)
+    return Path(f) if f else None
 
 
 def _sequence_class(module: ModuleType, cls: Optional[type] = None) -> type:

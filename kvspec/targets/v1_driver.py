@@ -62,28 +62,54 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
     The queue is walked from the head sentinel and every link is checked on the way.
     """
     q = pool.free_block_queue
-    head = getattr(q, "head", None) or getattr(q, "fake_free_list_head")
-    tail = getattr(q, "tail", None) or getattr(q, "fake_free_list_tail")
-    queue, problems = [], []
-    prev, cur = head, head.next_free_block
+    head = getattr(q, "head", None) or getattr(q, "fake_free_list_head", None)
     limit = len(pool.blocks) + 1
-    while cur is not None and cur is not tail and len(queue) <= limit:
-        if cur.prev_free_block is not prev:
-            problems.append(f"block {cur.block_id}'s prev link does not point at the block before it")
-        queue.append(cur.block_id)
-        prev, cur = cur, cur.next_free_block
-    if cur is None:
-        problems.append("the walk fell off the list before reaching the tail sentinel")
-    elif len(queue) > limit:
-        problems.append("the walk does not end: the links form a cycle")
-    elif tail.prev_free_block is not prev:
-        problems.append("the tail sentinel's prev link does not point at the last block")
+    if head is None:  # vLLM before 0.10.0: no sentinels
+        queue, problems = _walk_open_list(q, limit)
+    else:
+        tail = getattr(q, "tail", None) or getattr(q, "fake_free_list_tail")
+        queue, problems = [], []
+        prev, cur = head, head.next_free_block
+        while cur is not None and cur is not tail and len(queue) <= limit:
+            if cur.prev_free_block is not prev:
+                problems.append(f"block {cur.block_id}'s prev link does not point at the block before it")
+            queue.append(cur.block_id)
+            prev, cur = cur, cur.next_free_block
+        if cur is None:
+            problems.append("the walk fell off the list before reaching the tail sentinel")
+        elif len(queue) > limit:
+            problems.append("the walk does not end: the links form a cycle")
+        elif tail.prev_free_block is not prev:
+            problems.append("the tail sentinel's prev link does not point at the last block")
     queued = set(queue)
     blocks = tuple([_block_state(b.ref_cnt, b.block_hash, b.block_id in queued) for b in pool.blocks])
+    for b in pool.blocks:  # I1's other half: a block out of the queue keeps no links into it
+        if b.block_id not in queued and (getattr(b, "prev_free_block", None) is not None
+                                         or getattr(b, "next_free_block", None) is not None):
+            problems.append(f"block {b.block_id} is not in the free queue but still has prev/next links")
+            break
     index = {h: tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
              for h, m in _index_items(pool.cached_block_hash_to_block)}
     null = pool.null_block.block_id if getattr(pool, "null_block", None) is not None else None
     return _observation(blocks, tuple(queue), index, pool.get_num_free_blocks(), null, requests or {}, tuple(problems))
+
+
+def _walk_open_list(q: Any, limit: int) -> tuple[list, list]:
+    """The free list of vLLM before 0.10.0: ``free_list_head``/``free_list_tail`` point at
+    the end blocks (None when empty) and the end blocks' outer links are None."""
+    queue: list = []
+    problems: list = []
+    prev, cur = None, q.free_list_head
+    while cur is not None and len(queue) <= limit:
+        if cur.prev_free_block is not prev:
+            problems.append(f"block {cur.block_id}'s prev link does not point at the block before it")
+        queue.append(cur.block_id)
+        prev, cur = cur, cur.next_free_block
+    if len(queue) > limit:
+        problems.append("the walk does not end: the links form a cycle")
+    elif q.free_list_tail is not prev:
+        problems.append("free_list_tail does not point at the last block")
+    return queue, problems
 
 
 # Observations are built after every step, so building them is kept cheap: equal

@@ -35,8 +35,10 @@ ENTRY_MODULES = (
     "vllm.v1.core.kv_cache_manager",
     "vllm.v1.kv_cache_interface",
     "vllm.sampling_params",
-    "vllm.utils.hashing",
 )
+# Imported too where the release ships them (vllm.utils.hashing: 0.13.0 on); an older
+# release must never be asked for a module only newer ones have.
+OPTIONAL_MODULES = ("vllm.utils.hashing",)
 # Re-executed for every patch, patched or not, so that they bind the patched classes.
 # The spec registry is module-global state mapping KV-cache specs to manager classes:
 # each family gets its own, filled with its own (patched) managers.
@@ -50,7 +52,15 @@ def _in(name: str, prefixes) -> bool:
 
 
 def _import_entry() -> dict[str, ModuleType]:
-    return {name: importlib.import_module(name) for name in ENTRY_MODULES}
+    mods = {name: importlib.import_module(name) for name in ENTRY_MODULES}
+    for name in OPTIONAL_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:  # its parent package is missing too
+            found = False
+        if found:
+            mods[name] = importlib.import_module(name)
+    return mods
 
 
 def vllm_root() -> Path:
@@ -124,7 +134,9 @@ def import_vllm(patch_text: Optional[str] = None) -> dict[str, ModuleType]:
             importlib.import_module(name)
         # The registry fills itself lazily through an import inside a function, which
         # after this window would reach the unpatched managers: fill it now.
-        importlib.import_module("vllm.v1.core.single_type_kv_cache_manager").register_all_kvcache_specs(None)
+        single = importlib.import_module("vllm.v1.core.single_type_kv_cache_manager")
+        if hasattr(single, "register_all_kvcache_specs"):  # releases with the registry only
+            single.register_all_kvcache_specs(None)
     except (ImportError, SyntaxError):
         raise
     except Exception as e:  # patched code that raises at import: a target error, not a traceback

@@ -3,6 +3,8 @@
 full-attention KV-cache group (cache level), driven with upstream's own hashing
 (sha256, vLLM's default, after ``init_none_hash``) and real ``vllm.v1.request.Request``
 objects. CPU only. The heavy import (torch) happens once, in ``VllmTarget()``.
+Every release from 0.8.0 on drives: what differs between releases is detected by
+feature in ``vllm_compat`` (tools/vllm_releases.py runs them all).
 
 What vLLM documents, and so the reference model follows:
 - freed blocks without a hash go to the front of the free queue, in order; cached
@@ -15,49 +17,37 @@ What vLLM documents, and so the reference model follows:
 from __future__ import annotations
 
 import logging
-from types import ModuleType
+import os
 from typing import Any, Optional
 
+from kvspec.errors import UsageError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
-from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
+from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step, Touch
+from kvspec.targets import vllm_compat as compat
 from kvspec.targets.base import Driver, Target, Traits
+from kvspec.targets.policies import with_policies
 from kvspec.targets.v1_driver import V1PoolDriver, observe_pool
+from kvspec.targets.vllm_compat import GROUP, MAX_MODEL_LEN  # noqa: F401  (re-exported)
 from kvspec.targets.vllm_patch import import_vllm
 
-MAX_MODEL_LEN = 1 << 20  # no kvspec sequence comes near it: the cap never bites
-GROUP = 0                # the one KV-cache group
 
-
-class Upstream:
+class Upstream(compat.Api):
     """One (possibly patched) family of vLLM modules and what the drivers need from it."""
 
-    def __init__(self, mods: dict[str, ModuleType]) -> None:
-        self.utils = mods["vllm.v1.core.kv_cache_utils"]
-        self.block_pool = mods["vllm.v1.core.block_pool"]
-        self.manager = mods["vllm.v1.core.kv_cache_manager"]
-        self.request = mods["vllm.v1.request"]
-        self.interface = mods["vllm.v1.kv_cache_interface"]
-        self.sampling = mods["vllm.sampling_params"].SamplingParams(max_tokens=MAX_MODEL_LEN)
-        self.hash_fn = mods["vllm.utils.hashing"].get_hash_fn_by_name("sha256")
-        # NONE_HASH is a module global of this family's kv_cache_utils; sha256 gives a
-        # fixed seed, so hashes (and pool-level labels) are stable across processes.
-        self.utils.init_none_hash(self.hash_fn)
-        self._labels: dict[tuple[str, int], bytes] = {}
+    def __init__(self, mods) -> None:
+        super().__init__(mods)
+        self._labels: dict[tuple[str, int], Any] = {}
 
-    def label_hash(self, label: str, block_size: int) -> bytes:
+    def label_hash(self, label: str, block_size: int) -> Any:
         """The real upstream hash standing for a pool-level label: the first-block hash
         of a block whose tokens are the label's code points, repeated to fill it. The
         label also goes in as an extra key, because the truncated tokens alone collide
         ("c1" and "c12" at two tokens per block)."""
         key = (label, block_size)
         if key not in self._labels:
-            self._labels[key] = self.utils.hash_block_tokens(self.hash_fn, None, label_tokens(label, block_size),
-                                                             (label,))
+            self._labels[key] = self.hash_block_tokens(None, label_tokens(label, block_size), (label,))
         return self._labels[key]
-
-    def new_request(self, rid: str, tokens, block_hasher=None) -> Any:
-        return self.request.Request(rid, list(tokens), self.sampling, None, block_hasher=block_hasher)
 
 
 def label_tokens(label: str, block_size: int) -> list[int]:
@@ -70,24 +60,26 @@ class VllmPoolDriver(V1PoolDriver):
         self.up = up
         self.bs = config.block_size
         self.caching = config.caching
-        self.pool = up.block_pool.BlockPool(config.num_blocks, enable_caching=config.caching,
-                                            hash_block_size=config.block_size)
+        self.pool = compat.new_pool(up.block_pool.BlockPool, config.num_blocks, config.caching, config.block_size)
+
+    def apply(self, op: Op) -> Any:
+        if isinstance(op, Touch):  # one list, or one list per KV-cache group, by release
+            return compat.touch(self.pool, self._blocks(op.blocks))
+        return super().apply(op)
 
     def _cache(self, ids, labels) -> None:
         if not self.caching:
             return  # vLLM's callers never cache with prefix caching off (no-prefix-cache coordinator)
         hashes = [self.up.label_hash(h, self.bs) for h in labels]
         req = self.up.new_request("kvspec-pool", [t for h in labels for t in label_tokens(h, self.bs)])
-        req.block_hashes = hashes  # the labels' hashes, not the prompt's chained ones: that is the mapping
-        self.pool.cache_full_blocks(req, self._blocks(ids), 0, len(ids), self.bs, GROUP)
+        # the labels' hashes, not the prompt's chained ones: that is the mapping
+        compat.cache_full_blocks(self.up, self.pool, req, self._blocks(ids), hashes, self.bs)
 
     def _lookup(self, label: str) -> Any:
-        hit = self.pool.get_cached_block(self.up.label_hash(label, self.bs), [GROUP])
-        return None if hit is None else hit[0].block_id
+        return compat.lookup(self.pool, self.up.label_hash(label, self.bs))
 
     def _foreign_block(self) -> Any:
-        other = self.up.block_pool.BlockPool(len(self.pool.blocks), enable_caching=self.caching,
-                                             hash_block_size=self.bs)
+        other = compat.new_pool(type(self.pool), len(self.pool.blocks), self.caching, self.bs)
         return other.get_new_blocks(1)[0]
 
     def observe(self) -> Observation:
@@ -100,17 +92,10 @@ class VllmCacheDriver(Driver):
     preempt = free + recompute from scratch; finish = free."""
 
     def __init__(self, up: Upstream, config: Config) -> None:
-        import torch  # already imported by vLLM; only the spec's dtype needs it
-
         self.up = up
-        bs = config.block_size
-        iface = up.interface
-        spec = iface.FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv_config = iface.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
-                                        kv_cache_groups=[iface.KVCacheGroupSpec(["layers.0.attn"], spec)])
-        self.mgr = up.manager.KVCacheManager(kv_config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=bs,
-                                             hash_block_size=bs, enable_caching=config.caching)
-        self.hasher = up.utils.get_request_block_hasher(bs, up.hash_fn)
+        self.bs = bs = config.block_size
+        self.mgr = compat.new_manager(up, up.manager.KVCacheManager, config.num_blocks, bs, config.caching)
+        self.hasher = up.request_hasher(bs)
         self.status = up.request.RequestStatus
         self.reqs: dict[str, Any] = {}
         self.running: set[str] = set()
@@ -122,8 +107,8 @@ class VllmCacheDriver(Driver):
             if req is None:
                 raise KeyError(f"no waiting request {op.req}")
             self.reqs[op.req] = req
-            hits, num_hit, _ = m.get_computed_blocks(req)
-            if m.allocate_slots(req, req.num_tokens - num_hit, num_hit, hits) is None:
+            hits, num_hit = compat.computed_blocks(m, req, self.bs)
+            if compat.allocate(m, req, req.num_tokens - num_hit, num_hit, hits) is None:
                 return None
             req.num_computed_tokens = req.num_tokens
             req.status = self.status.RUNNING
@@ -132,7 +117,7 @@ class VllmCacheDriver(Driver):
         if isinstance(op, Step):
             req = self.reqs[op.req]
             req.append_output_token_ids(op.token)  # also hashes any block it fills
-            if m.allocate_slots(req, req.num_tokens - req.num_computed_tokens) is None:
+            if compat.allocate(m, req, req.num_tokens - req.num_computed_tokens) is None:
                 return False
             req.num_computed_tokens = req.num_tokens
             return True
@@ -140,12 +125,13 @@ class VllmCacheDriver(Driver):
             # The scheduler frees a request however it ends, running or waiting; free()
             # of one that holds nothing is a documented no-op.
             req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
-            m.free(req)
+            compat.release(m, req, finished=isinstance(op, Finish))
             self.running.discard(op.req)
             req.num_computed_tokens = 0
             if isinstance(op, Preempt):
                 req.status = self.status.PREEMPTED
-                req.num_preemptions += 1
+                if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
+                    req.num_preemptions += 1
             else:
                 self.reqs.pop(op.req, None)
             return None
@@ -153,11 +139,31 @@ class VllmCacheDriver(Driver):
 
     def observe(self) -> Observation:
         # req_to_blocks is a defaultdict: .get, so that reading never adds an entry.
-        req_to_blocks = self.mgr.coordinator.single_type_managers[GROUP].req_to_blocks
+        req_to_blocks = compat.req_to_blocks(self.mgr)
         reqs = {rid: RequestState(tuple(b.block_id for b in req_to_blocks.get(rid, ())),
                                   self.reqs[rid].num_computed_tokens)
                 for rid in sorted(self.running)}
         return observe_pool(self.mgr.block_pool, reqs)
+
+
+POLICIES_ENV = "KVSPEC_VLLM_POLICIES"
+
+
+def declared_policies(traits: Traits) -> Traits:
+    """``traits`` with the policies declared in ``$KVSPEC_VLLM_POLICIES`` applied
+    (``key=value;key=value``, values in TOML, keys as in ``[tool.kvspec]``). It states
+    an older release's policy of its time, e.g. ``unhashed_free_first=false`` before
+    vLLM adopted it (tools/vllm_releases.py); never read off the code under test."""
+    text = os.environ.get(POLICIES_ENV, "").strip()
+    if not text:
+        return traits
+    import tomllib
+
+    try:
+        decl = tomllib.loads("\n".join(part.strip() for part in text.split(";") if part.strip()))
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{POLICIES_ENV}: not key=value pairs with TOML values: {e}") from None
+    return with_policies(traits, decl, POLICIES_ENV)
 
 
 class VllmTarget(Target):
@@ -167,11 +173,24 @@ class VllmTarget(Target):
         # vLLM's own logger would flood the terminal and the JSON's stderr.
         logging.getLogger("vllm").setLevel(logging.ERROR)
         self.name = "vllm" if not patch_name else f"vllm+{patch_name}"
-        self.traits = Traits(null_block=True, unhashed_free_first=True, misuse_errors=(),
-                             documented_noops=frozenset({"null_block", "foreign_free", "free_unknown_request"}))
+        # Releases before 0.8.5 have no null block: detected on a probe pool.
+        null = getattr(compat.new_pool(self.up.block_pool.BlockPool, 4, True, 2), "null_block", None) is not None
+        noops = {"foreign_free", "free_unknown_request"} | ({"null_block"} if null else set())
+        # The groups driver (KV-cache groups, chunked prefill, drafts, extra keys, connector
+        # tokens, max_model_len; kvspec.targets.vllm_groups) needs the current manager API:
+        # scheduler_block_size, hash_block_size and Requests that hash themselves (0.26.0 on). Older releases get
+        # the one-group driver, which builds every call by feature.
+        self.groups = compat.has_current_manager_api(self.up)
+        self.traits = declared_policies(Traits(null_block=null, unhashed_free_first=True, misuse_errors=(),
+                                               documented_noops=frozenset(noops), cache_features=self.groups))
 
     def driver(self, config: Config) -> Driver:
-        return VllmCacheDriver(self.up, config) if config.level == "cache" else VllmPoolDriver(self.up, config)
+        if config.level != "cache":
+            return VllmPoolDriver(self.up, config)
+        if self.groups:
+            from kvspec.targets.vllm_groups import VllmGroupsCacheDriver
+            return VllmGroupsCacheDriver(self.up, config)
+        return VllmCacheDriver(self.up, config)
 
     def describe(self) -> str:
         import vllm

@@ -69,7 +69,7 @@ def test_unmodified_release_hits_the_whole_prompt(nano):
 
 
 def test_check_and_mc_report_the_defect_with_the_shortest_repro(nano, tmp_path):
-    report = run_check(nano, "nanovllm", level="cache", seed=0, budget=3, report_dir=str(tmp_path))
+    report = run_check(nano, "nanovllm", level="cache", seed=0, max_examples=500, report_dir=str(tmp_path))
     assert report.verdict == "violation"
     f = report.violations[0]
     assert f.invariant == "MAX_HIT" and len(f.steps) == 2 and f.minimal
@@ -99,7 +99,8 @@ def test_loaded_without_running_the_package_init(nano):
     assert "nanovllm.llm" not in sys.modules and "nanovllm.engine.llm_engine" not in sys.modules
     assert nano.api == BOOLEAN and nano.manager_cls.__module__ == "nanovllm.engine.block_manager"
     assert nano.traits.levels == ("cache",) and not nano.traits.null_block
-    # read off the release: boolean can_allocate counts every block; deallocate's "Fix" evicts
+    # declared for the release (kvspec.targets.policies.KNOWN), never probed: boolean
+    # can_allocate counts every block; deallocate's "Fix" evicts
     assert nano.traits.admit_all_blocks and nano.traits.free_evicts and nano.traits.index_latest_wins
 
 
@@ -155,7 +156,7 @@ def test_snapshot_keeps_decoded_sequences(nano):
 @pytest.mark.parametrize("bug", [b for b in BUGS if b["kind"] != "equivalent"], ids=lambda b: b["id"])
 def test_each_corpus_patch_is_reported_with_its_invariant(bug, tmp_path):
     target = load_target("nanovllm", patch=str(CORPUS / bug["file"]))
-    report = run_check(target, "nanovllm", patch=bug["file"], level="cache", seed=1, budget=30,
+    report = run_check(target, "nanovllm", patch=bug["file"], level="cache", seed=1, max_examples=3000,
                        report_dir=str(tmp_path))
     assert report.verdict == "violation", bug["id"]
     v = report.violations[0]
@@ -165,7 +166,7 @@ def test_each_corpus_patch_is_reported_with_its_invariant(bug, tmp_path):
 @pytest.mark.parametrize("bug", [b for b in BUGS if b["kind"] == "equivalent"], ids=lambda b: b["id"])
 def test_equivalent_mutants_pass(bug, tmp_path):
     target = load_target("nanovllm", patch=str(CORPUS / bug["file"]))
-    report = run_check(target, "nanovllm", level="cache", seed=1, budget=3, report_dir=str(tmp_path))
+    report = run_check(target, "nanovllm", level="cache", seed=1, max_examples=100, report_dir=str(tmp_path))
     assert report.verdict == "pass" and report.steps > 500
 
 
@@ -229,7 +230,7 @@ def _pytest(path, patch):
 
 
 def test_cli_reports_the_defect_and_its_repro_replays(tmp_path):
-    r = _kvspec("check", "--target", "nanovllm", "--level", "cache", "--json", "--budget", "2",
+    r = _kvspec("check", "--target", "nanovllm", "--level", "cache", "--json", "--max-examples", "500",
                 "--report-dir", str(tmp_path))
     assert r.returncode == 1, r.stderr[-2000:]
     d = json.loads(r.stdout)
@@ -241,7 +242,7 @@ def test_cli_reports_the_defect_and_its_repro_replays(tmp_path):
 
 def test_cli_patch_repro_fails_patched_and_passes_unpatched(tmp_path):
     r = _kvspec("check", "--target", "nanovllm", "--patch", str(CORPUS / "dealloc_forward.diff"), "--json",
-                "--budget", "10", "--seed", "1", "--report-dir", str(tmp_path))
+                "--max-examples", "2000", "--seed", "1", "--report-dir", str(tmp_path))
     assert r.returncode == 1, r.stderr[-2000:]
     v = json.loads(r.stdout)["violations"][0]
     assert v["invariant"] == "EVICTION_ORDER"

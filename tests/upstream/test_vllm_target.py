@@ -108,17 +108,19 @@ def test_documented_noops_are_not_misuse(vllm):
 @pytest.mark.parametrize("bug", [b for b in BUGS if b["kind"] != "equivalent"], ids=lambda b: b["id"])
 def test_each_corpus_patch_is_reported_with_its_invariant(bug, tmp_path):
     target = load_target("vllm", patch=str(CORPUS / bug["file"]))
-    report = run_check(target, "vllm", patch=bug["file"], level="all", seed=1, budget=30, report_dir=str(tmp_path))
+    report = run_check(target, "vllm", patch=bug["file"], level="all", seed=1, max_examples=3000,
+                       report_dir=str(tmp_path))
     assert report.verdict == "violation", bug["id"]
     v = report.violations[0]
-    assert v.invariant == bug["invariants"][0], (bug["id"], v.violations[0].message)
+    # the primary invariant, or another symptom of the same bug that bugs.json lists
+    assert v.invariant in bug["invariants"], (bug["id"], v.violations[0].message)
     assert v.level == bug["level"] or bug["level"] == "pool"  # a pool bug may show first at the cache level
 
 
 @pytest.mark.parametrize("bug", [b for b in BUGS if b["kind"] == "equivalent"], ids=lambda b: b["id"])
 def test_equivalent_mutants_pass(bug, tmp_path):
     target = load_target("vllm", patch=str(CORPUS / bug["file"]))
-    report = run_check(target, "vllm", level="all", seed=1, budget=6, report_dir=str(tmp_path))
+    report = run_check(target, "vllm", level="all", seed=1, max_examples=150, report_dir=str(tmp_path))
     assert report.verdict == "pass" and report.steps > 1000
 
 
@@ -168,7 +170,7 @@ def test_negative_count_raises_the_free_counter(vllm):
 
 
 def test_misuse_check_reports_robustness_not_violations(vllm, tmp_path):
-    report = run_check(vllm, "vllm", level="pool", misuse=True, seed=0, budget=6, report_dir=str(tmp_path))
+    report = run_check(vllm, "vllm", level="pool", misuse=True, seed=0, max_examples=300, report_dir=str(tmp_path))
     assert report.verdict == "pass" and not report.violations
     assert report.robustness and all(f.kind == "robustness" for f in report.robustness)
     assert {"Free", "Alloc"} <= {type(f.steps[-1]).__name__ for f in report.robustness}
@@ -194,7 +196,7 @@ def test_a_diff_outside_the_vllm_package_is_refused():
 
 def test_cli_reports_a_corpus_patch_and_refuses_a_bad_one(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvspec.cli", "check", "--target", "vllm", "--patch",
-                        str(CORPUS / "evict_keeps_hash.diff"), "--level", "pool", "--json", "--budget", "20",
+                        str(CORPUS / "evict_keeps_hash.diff"), "--level", "pool", "--json", "--max-examples", "2000",
                         "--seed", "1", "--report-dir", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1, r.stderr[-2000:]
     d = json.loads(r.stdout)

@@ -36,6 +36,8 @@ class CacheModel:
         self.reqs: dict[str, ReqModel] = {}
         self.noops = getattr(traits, "documented_noops", frozenset())
         self.admit_all_blocks = getattr(traits, "admit_all_blocks", False)
+        self.whole_prompt_hits = getattr(traits, "whole_prompt_hits", False)
+        self.head_first = getattr(traits, "free_order", "lru_tail_first") == "fifo"
 
     def clone(self) -> "CacheModel":
         return copy.deepcopy(self)
@@ -69,11 +71,12 @@ class CacheModel:
 
     # -- transitions -------------------------------------------------------------
     def hit_blocks(self, tokens: list[int]) -> list[int]:
-        """Longest cached prefix: full blocks only, at most len-1 tokens, stop at a miss."""
+        """Longest cached prefix: full blocks only, at most len-1 tokens (every token
+        where whole-prompt hits are declared), stop at a miss."""
         if not self.caching:
             return []
         hits = []
-        for i in range((len(tokens) - 1) // self.bs):
+        for i in range((len(tokens) if self.whole_prompt_hits else len(tokens) - 1) // self.bs):
             b = self.pool.lookup(self.key(tokens, i))
             if b is None:
                 break
@@ -134,5 +137,6 @@ class CacheModel:
         q.num_cached = max(q.num_cached, full)
 
     def _release(self, q: ReqModel) -> None:
-        self.pool.free(list(reversed(q.table)))  # tail first: the prefix stays cached longest
+        # tail first, so the prefix stays cached longest; head first under "fifo"
+        self.pool.free(list(q.table) if self.head_first else list(reversed(q.table)))
         q.table, q.computed, q.num_cached, q.running = [], 0, 0, False

@@ -17,8 +17,9 @@ class PoolModel:
     def __init__(self, config: Config, traits) -> None:
         self.n = config.num_blocks
         self.caching = config.caching
-        self.null = 0 if traits.null_block else None
+        self.null = getattr(traits, "null_block_id", 0) if traits.null_block else None
         self.unhashed_first = traits.unhashed_free_first
+        self.order = getattr(traits, "free_order", "lru_tail_first")  # see Traits.free_order
         self.noops = getattr(traits, "documented_noops", frozenset())
         self.free_evicts = getattr(traits, "free_evicts", False)
         self.latest_wins = getattr(traits, "index_latest_wins", False)
@@ -28,8 +29,10 @@ class PoolModel:
         self.index: dict[Hashable, list[int]] = {}
 
     # -- queries ----------------------------------------------------------------
-    def usable(self) -> range:
-        return range(1 if self.null == 0 else 0, self.n)
+    def usable(self):
+        if self.null is None or self.null == 0:
+            return range(1 if self.null == 0 else 0, self.n)
+        return [b for b in range(self.n) if b != self.null]
 
     def free_count(self) -> int:
         return len(self.queue)
@@ -119,7 +122,7 @@ class PoolModel:
             self.hash[b] = None
 
     def free(self, blocks) -> None:
-        front, back = [], []
+        released = []
         for b in blocks:
             if b == self.null:
                 continue  # valid only where the target documents it as a no-op
@@ -128,8 +131,15 @@ class PoolModel:
                 # A free block is cached only while the index can hit it.
                 if self.free_evicts or b not in self.index.get(self.hash[b], ()):
                     self._evict(b)
-                (front if self.unhashed_first and self.hash[b] is None else back).append(b)
-        self.queue = front + self.queue + back
+                released.append(b)
+        if self.order == "mru":  # most recently freed first: this call's blocks lead, in its order
+            self.queue = released + self.queue
+        elif self.order == "sorted":  # the lowest free id is reused first
+            self.queue = sorted(self.queue + released)
+        else:  # lru_tail_first and fifo: to the back; unhashed ones to the front where declared
+            front = [b for b in released if self.unhashed_first and self.hash[b] is None]
+            back = [b for b in released if not (self.unhashed_first and self.hash[b] is None)]
+            self.queue = front + self.queue + back
 
     def touch(self, blocks) -> None:
         for b in blocks:
