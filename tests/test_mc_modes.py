@@ -3,33 +3,18 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from kvspec.cli import main
 from kvspec.errors import UsageError
-from kvspec.mc.enumerate_ops import Bounds
 from kvspec.mc.search import confirm, model_check
 from kvspec.mc.split import StepChecker, is_state_check
 from kvspec.spec import invariants
 from kvspec.spec.config import Config
 from kvspec.targets import load_target
 
-CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "impl"
-
-
-@pytest.fixture(scope="module")
-def impl():
-    return load_target("impl")
-
-
-def patched(name):
-    return load_target("impl", patch=str(CORPUS / f"{name}.diff"))
-
-
-def pool(usable):
-    return Config(level="pool", num_blocks=usable + 1)
+from test_mc import impl, patched, pool  # noqa: E402,F401  (the same fixtures: impl is a fixture)
 
 
 def cache(usable):

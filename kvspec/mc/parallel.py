@@ -103,6 +103,15 @@ def _expand(slice_no: int) -> dict:
         learned = list(memo.items())[n0:] if memo is not None and len(memo) >= n0 else []
         return {"records": out, "ops": ops_per, "timeout": timeout, "memo": learned}
 
+    def record(found: list, pos: int, i: int, op) -> bool:
+        """Note a failing transition; True when it ends the search (only ``invariant`` does,
+        with one given: another failure is a dead end, as in the one-process search)."""
+        hit = invariant is None or found[0].invariant == invariant
+        out.append((pos, i, op, "found" if hit else "pruned", found if hit else None))
+        if hit:
+            ops_per[-1] = i + 1
+        return hit
+
     for pos in range(lo, hi):
         if time.monotonic() > L["deadline"]:
             return done(True)
@@ -119,10 +128,7 @@ def _expand(slice_no: int) -> dict:
             if found and checker is not None:
                 found = checker.state_violations() or found   # a failing step: every check, as check_step
             if found:
-                hit = invariant is None or found[0].invariant == invariant
-                out.append((pos, i, op, "found" if hit else "pruned", found if hit else None))
-                if hit:
-                    ops_per[-1] = i + 1
+                if record(found, pos, i, op):
                     return done(False)
                 continue
             ex2 = next_extra(extra, op)
@@ -133,10 +139,7 @@ def _expand(slice_no: int) -> dict:
                 if checker.last_comparable:
                     found = checker.state_violations()
                     if found:
-                        hit = invariant is None or found[0].invariant == invariant
-                        out.append((pos, i, op, "found" if hit else "pruned", found if hit else None))
-                        if hit:
-                            ops_per[-1] = i + 1
+                        if record(found, pos, i, op):
                             return done(False)
                         continue
                 else:
