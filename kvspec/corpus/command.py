@@ -124,6 +124,7 @@ def cmd_patches(args) -> int:
     command = "kvspec patches --target {} --seeds {} --timeout {:g}{}".format(
         args.target, args.seeds, args.timeout, f" --only {args.only}" if args.only else "")
     res["command"] = command
+    res["section"] = f"{args.target} --only {args.only}" if args.only else args.target
     res["machine"] = _machine(args.target)
     res["date"] = time.strftime("%Y-%m-%d")
     res["reports"] = write_reports(res, args.report_dir) if args.report_dir else []

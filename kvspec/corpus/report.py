@@ -32,7 +32,8 @@ def _pct(x: Optional[float]) -> str:
 
 
 def _target_key(t: str) -> tuple[int, str]:
-    return (TARGET_ORDER.index(t) if t in TARGET_ORDER else len(TARGET_ORDER), t)
+    base = t.split(" ", 1)[0]  # "impl --only a,b" sorts right after "impl"
+    return (TARGET_ORDER.index(base) if base in TARGET_ORDER else len(TARGET_ORDER), t)
 
 
 def load_report(report_dir: str | Path) -> dict:
@@ -50,7 +51,9 @@ def load_report(report_dir: str | Path) -> dict:
 def write_reports(res: dict, report_dir: str) -> list[str]:
     """Put ``res`` (one run) in the combined report as its target's section, render it."""
     doc = load_report(report_dir)
-    doc["targets"][res["target"]] = {k: v for k, v in res.items() if k != "reports"}
+    # An --only run is a section of its own ("impl --only a,b"): it must not replace the
+    # whole corpus's run with a few rows.
+    doc["targets"][res.get("section") or res["target"]] = {k: v for k, v in res.items() if k != "reports"}
     return render_reports(doc, report_dir)
 
 
@@ -148,7 +151,7 @@ def _section(res: dict) -> list[str]:
                                 f"{res['target']} {m['target_version']}" if m.get("target_version") else "",
                                 "load average at the end (1/5/15 min) " + " / ".join(map(str, m["load_average"]))
                                 if m.get("load_average") else "") if x)
-    out = [f"## Target `{res['target']}`", "",
+    out = [f"## Target `{res.get('section') or res['target']}`", "",
            f"Command: `{res['command']}` ({len(res['patches'])} patches, {res['seeds']} seeds each, "
            f"{res['timeout']:g} s timeout per trial, {res['jobs']} worker processes, wall time "
            f"{s['wall_seconds']:.0f} s{'; ' + env if env else ''}{'; ' + res['date'] if res.get('date') else ''}). "
