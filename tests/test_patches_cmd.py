@@ -50,7 +50,7 @@ def test_patches_json_rows_summary_and_reports(capsys, tmp_path):
         assert key in s["safety"]
     assert len(d["trials"]) == 3 and all(t["applied"] for t in d["trials"])
     md = (tmp_path / "patches.md").read_text()
-    assert "no_evict" in md and "false positives" in md and "## Target `impl`" in md
+    assert "no_evict" in md and "false positives" in md and "## Target `impl --only " in md  # an --only run is its own section
     assert "`kvspec patches --target impl --seeds 1 --timeout 5 --only no_evict,free_forward,popleft_loop`" in md
     assert "### Safety bugs" in md and "### Policy bugs" in md and "### Equivalent mutants" in md
     assert "(patches_ttf.png)" in md and (tmp_path / "patches_ttf.png").stat().st_size > 0
