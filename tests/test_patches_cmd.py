@@ -55,7 +55,8 @@ def test_patches_json_rows_summary_and_reports(capsys, tmp_path):
     assert "### Safety bugs" in md and "### Policy bugs" in md and "### Equivalent mutants" in md
     assert "(patches_ttf.png)" in md and (tmp_path / "patches_ttf.png").stat().st_size > 0
     doc = json.loads((tmp_path / "patches.json").read_text())
-    assert list(doc["targets"]) == ["impl"] and doc["targets"]["impl"]["patches"] == d["patches"]
+    key = "impl --only no_evict,free_forward,popleft_loop"
+    assert list(doc["targets"]) == [key] and doc["targets"][key]["patches"] == d["patches"]
     # progress on stderr, one line per finished patch when stderr is not a terminal
     assert "[patches 3/3]" in out.err and "killed 1/1" in out.err
 
