@@ -182,7 +182,8 @@ def test_patches_on_an_upstream_corpus(target, package, tmp_path):
     (row,) = d["patches"]
     assert row["applied"] and row["killed"] == 1.0 and rc == 0, (row, r.stderr[-2000:])
     doc = json.loads((tmp_path / "patches.json").read_text())
-    assert list(doc["targets"]) == [target] and f"## Target `{target}`" in (tmp_path / "patches.md").read_text()
+    key = f"{target} --only {bug['id']}"
+    assert list(doc["targets"]) == [key] and f"## Target `{key}`" in (tmp_path / "patches.md").read_text()
 
 
 def test_workers_leave_no_temporary_files_even_when_killed(tmp_path, monkeypatch):
