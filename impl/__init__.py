@@ -19,6 +19,7 @@ from .errors import (
     NullBlockError,
     OutOfBlocksError,
     PartialBlockError,
+    RequestStateError,
     UnknownRequestError,
 )
 from .free_queue import FreeKVCacheBlockQueue
@@ -32,6 +33,6 @@ __all__ = [
     "BlockHash", "KVCacheBlock", "BlockPool", "FreeKVCacheBlockQueue", "KVCacheManager", "Request",
     "hash_block_tokens", "hash_request_tokens", "init_none_hash", "HASH_FUNCTIONS",
     "KVCacheError", "DoubleFreeError", "ForeignBlockError", "HashAlreadySetError", "InvalidCountError",
-    "NullBlockError", "OutOfBlocksError", "PartialBlockError", "UnknownRequestError",
+    "NullBlockError", "OutOfBlocksError", "PartialBlockError", "RequestStateError", "UnknownRequestError",
     "HybridKVCacheManager", "KVGroupSpec", "parse_kv_groups", "ExtraKeys", "KeyedRequest", "parse_extra",
 ]

@@ -39,3 +39,8 @@ class HashAlreadySetError(KVCacheError):
 
 class UnknownRequestError(KVCacheError, KeyError):
     """A request the manager does not hold blocks for was freed."""
+
+
+class RequestStateError(KVCacheError, ValueError):
+    """A request was looked up for admission while it already holds blocks (it is
+    running: a scheduler admits only waiting requests), or with an empty prompt."""

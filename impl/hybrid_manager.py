@@ -20,7 +20,7 @@ from .errors import InvalidCountError, UnknownRequestError
 from .extra_keys import ExtraKeys, KeyedRequest, parse_extra
 from .hashing import HASH_FUNCTIONS, HashFn
 from .kv_cache_groups import KVGroupSpec, cdiv, find_agreed_hit, group_hash, parse_kv_groups
-from .kv_cache_manager import Request
+from .kv_cache_manager import Request, check_admissible, check_schedulable
 
 GroupBlocks = tuple[list[KVCacheBlock], ...]
 
@@ -69,6 +69,7 @@ class HybridKVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[GroupBlocks, int]:
         """Per-group hit blocks and the hit length (tokens) all groups agree on; at most
         ``num_tokens - 1`` tokens, so the last one is computed for its logits."""
+        check_admissible(request, self.req_to_blocks)
         if not self.enable_caching:
             return tuple([] for _ in self.groups), 0
         hashes = request.block_hashes
@@ -102,6 +103,7 @@ class HybridKVCacheManager:
         _count("num_new_computed_tokens", num_new_computed_tokens)
         _count("num_lookahead_tokens", num_lookahead_tokens)
         _count("num_external_computed_tokens", num_external_computed_tokens)
+        check_schedulable(request, self.req_to_blocks)
         rid = request.request_id
         running = rid in self.req_to_blocks
         hits = [list(b) for b in new_computed_blocks] if new_computed_blocks is not None else [[] for _ in self.groups]

@@ -5,7 +5,7 @@ from typing import Optional, Sequence, Union
 
 from .block import BlockHash, KVCacheBlock
 from .block_pool import BlockPool
-from .errors import InvalidCountError, UnknownRequestError
+from .errors import InvalidCountError, RequestStateError, UnknownRequestError
 from .hashing import HASH_FUNCTIONS, HashFn, hash_block_tokens
 
 
@@ -81,6 +81,24 @@ class Request:
             self.block_hashes.append(hash_block_tokens(self.hash_fn, parent, tokens[i * bs:(i + 1) * bs], self.extra_keys))
 
 
+def check_admissible(request: "Request", held: dict) -> None:
+    """Reject an admission the scheduler must never make, before any state is touched:
+    an empty prompt (no token to compute, nothing to hash), or a request that already
+    holds blocks (running: looking it up again would hold its hits twice)."""
+    if request.num_tokens == 0:
+        raise RequestStateError(f"request {request.request_id!r} has an empty prompt")
+    if request.request_id in held:
+        raise RequestStateError(f"request {request.request_id!r} is running: only a waiting request is admitted")
+
+
+def check_schedulable(request: "Request", held: dict) -> None:
+    """Reject scheduling a finished request: it holds no blocks, yet tokens of it were
+    computed (a waiting or preempted request has none: the scheduler resets them)."""
+    if request.request_id not in held and request.num_computed_tokens > 0:
+        raise UnknownRequestError(f"request {request.request_id!r} holds no blocks but has "
+                                  f"{request.num_computed_tokens} computed tokens: it was finished")
+
+
 class KVCacheManager:
     """The interface a scheduler uses: prefix lookup, slot allocation, free."""
 
@@ -88,7 +106,9 @@ class KVCacheManager:
     # which is what "lru_tail_first" says), and the errors of its own misuses.
     kvspec_traits = {**BlockPool.kvspec_traits,
                      "misuse_errors": {**BlockPool.kvspec_traits["misuse_errors"],
-                                       "unknown_request": UnknownRequestError, "not_running": UnknownRequestError}}
+                                       "unknown_request": UnknownRequestError, "not_running": UnknownRequestError,
+                                       "not_waiting": RequestStateError, "empty_prompt": RequestStateError,
+                                       "duplicate_request": RequestStateError}}
 
     def __init__(
         self,
@@ -117,6 +137,7 @@ class KVCacheManager:
         produce logits, even when the whole prompt is cached. The walk stops at the
         first miss, because a hit must be contiguous from block 0.
         """
+        check_admissible(request, self.req_to_blocks)
         if not self.enable_caching:
             return [], 0
         max_blocks = max_hit_blocks(request.num_tokens, self.block_size)
@@ -143,6 +164,7 @@ class KVCacheManager:
         """
         if num_new_tokens < 0 or num_new_computed_tokens < 0:
             raise InvalidCountError("token counts must be non-negative")
+        check_schedulable(request, self.req_to_blocks)
         computed = list(new_computed_blocks or [])
         rid = request.request_id
         table = self.req_to_blocks.get(rid, [])

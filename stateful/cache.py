@@ -153,6 +153,48 @@ class CacheMachine(KVMachine):
         self.run(Preempt(data.draw(st.sampled_from(self.m.waiting()), label="req")))
 
 
+class SchedulerMisuse:
+    """The misuses a scheduler can commit at the cache level: admitting a running request
+    again (by id, or as a new request under its id), an empty prompt, stepping a finished
+    request and finishing one twice. Mixed in only with misuse=True, so that runs without
+    misuse draw exactly the sequences they always did (a rule's presence changes draws)."""
+
+    def _finished(self) -> list[str]:
+        # Ids are handed out in order and a refused or rejected admission keeps its id in
+        # the model, so an id below next_id that the model no longer has was finished.
+        return [rid for rid in (f"r{i}" for i in range(1, self.next_id)) if rid not in self.m.reqs]
+
+    def run(self, op) -> None:
+        # Remember requests finished while running: their computed tokens are what lets a
+        # manager tell a finished request from a new one (a waiting one has none).
+        ran = isinstance(op, Finish) and self.session is not None and op.req in self.m.running()
+        super().run(op)
+        if ran and self.session is not None and op.req not in self.m.reqs:
+            self.__dict__.setdefault("finished_running", []).append(op.req)
+
+    @precondition(lambda self: self.session and self.m.running())
+    @rule(data=st.data())
+    def misuse_readmit_running(self, data):
+        rid = data.draw(st.sampled_from(self.m.running()), label="req")
+        as_new = data.draw(st.booleans(), label="as_new")
+        self.run(Admit(rid, tuple(self.m.reqs[rid].tokens) if as_new else None))
+
+    @precondition(lambda self: self.session is not None)
+    @rule()
+    def misuse_empty_prompt(self):
+        self.run(Admit(f"r{self.next_id}", ()))  # rejected: the id stays free for the next admission
+
+    @precondition(lambda self: self.session and self.__dict__.get("finished_running"))
+    @rule(data=st.data())
+    def misuse_step_finished(self, data):
+        self.run(Step(data.draw(st.sampled_from(self.finished_running), label="req"), 1))
+
+    @precondition(lambda self: self.session and self._finished())
+    @rule(data=st.data())
+    def misuse_finish_twice(self, data):
+        self.run(Finish(data.draw(st.sampled_from(self._finished()), label="req")))
+
+
 class FeatureCacheMachine(CacheMachine):
     """The cache machine with the rules of chunked prefill and draft verification, for
     targets with ``cache_features`` (kept apart so that other targets draw exactly the
@@ -179,4 +221,5 @@ def cache_machine(target: Target, misuse: bool = False, on_robustness: Optional[
     if sizes is not None:
         attrs["sizes"] = sizes
     base = FeatureCacheMachine if getattr(target.traits, "cache_features", False) else CacheMachine
-    return type(f"CacheMachine_{target.name}", (base,), attrs)
+    bases = (SchedulerMisuse, base) if misuse else (base,)
+    return type(f"CacheMachine_{target.name}", bases, attrs)

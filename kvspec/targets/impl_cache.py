@@ -48,6 +48,7 @@ class ImplCacheDriver(_InPlaceSnapshots, _Deltas, Driver):
         self.reqs: dict[str, Any] = {}
         self.running: set[str] = set()
         self.drafts: dict[str, tuple] = {}
+        self.finished: dict[str, Any] = {}   # a Step of one reaches the manager (a scheduler misuse)
 
     def _new_request(self, rid: str, prompt, extra):
         m = self.mgr
@@ -70,8 +71,8 @@ class ImplCacheDriver(_InPlaceSnapshots, _Deltas, Driver):
             req = self.reqs.get(op.req) if op.prompt is None else self._new_request(op.req, op.prompt, op.extra)
             if req is None:
                 raise KeyError(f"no waiting request {op.req}")
+            hits, num_hit = m.get_computed_blocks(req)   # refuses a running request or an empty prompt
             self.reqs[op.req] = req
-            hits, num_hit = m.get_computed_blocks(req)
             n = req.num_tokens
             ext = max(0, min(op.external, n - 1 - num_hit))   # a connector never supplies the last token
             new = n - num_hit - ext if op.chunk is None else min(op.chunk, n - num_hit - ext)
@@ -96,6 +97,8 @@ class ImplCacheDriver(_InPlaceSnapshots, _Deltas, Driver):
             req.num_computed_tokens += new
             return True
         if isinstance(op, Step):
+            if op.req in self.finished and op.req not in self.running:
+                return m.allocate_slots(self.finished[op.req], 1)   # the manager must refuse it
             req = self._running(op.req)
             if self.drafts.get(op.req) or (self.features and req.num_computed_tokens < req.num_tokens):
                 self._refuse(f"step of {op.req} before its prefill or drafts are done")
@@ -137,9 +140,11 @@ class ImplCacheDriver(_InPlaceSnapshots, _Deltas, Driver):
             self.running.discard(op.req)
             if self.drafts.pop(op.req, None) and self.hybrid:
                 req.verify(0)  # drafts in flight are dropped with the blocks
-            req.num_computed_tokens = 0
             if isinstance(op, Finish):
-                self.reqs.pop(op.req, None)
+                if self.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
+                    self.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
+            else:
+                req.num_computed_tokens = 0
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 

@@ -154,6 +154,9 @@ class NanoDriver(Driver):
         try:
             seq = self.make_seq(list(tokens), self.bs, self.seq_count)
         except Exception as e:
+            if not tokens:  # the package refusing an empty prompt is its own rejection (misuse)
+                self.seq_count -= 1
+                raise
             raise TargetError(f"kvspec could not build a {self.seq_cls.__module__}.{self.seq_cls.__name__} for "
                               f"tokens {list(tokens)} with block_size {self.bs}: {type(e).__name__}: {e}") from None
         try:  # an instance attribute, so drivers of different block sizes can coexist

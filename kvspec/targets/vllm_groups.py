@@ -129,6 +129,7 @@ class VllmGroupsCacheDriver(Driver):
         self.status = up.request.RequestStatus
         self.reqs: dict[str, Any] = {}
         self.running: set[str] = set()
+        self.finished: dict[str, Any] = {}   # a Step of one reaches the manager (a scheduler misuse)
 
     def _new_request(self, rid: str, prompt, extra: Optional[str]) -> Any:
         try:
@@ -146,8 +147,8 @@ class VllmGroupsCacheDriver(Driver):
             req = self.reqs.get(op.req) if op.prompt is None else self._new_request(op.req, op.prompt, op.extra)
             if req is None:
                 raise KeyError(f"no waiting request {op.req}")
-            self.reqs[op.req] = req
             hits, num_hit, _ = m.get_computed_blocks(req)
+            self.reqs[op.req] = req   # only now: a rejected admission must leave the driver as it was
             n = req.num_tokens
             ext = max(0, min(op.external, n - 1 - num_hit))   # a connector never supplies the last token
             new = n - num_hit - ext if op.chunk is None else min(op.chunk, n - num_hit - ext)
@@ -170,6 +171,8 @@ class VllmGroupsCacheDriver(Driver):
             req.num_computed_tokens += new
             return True
         if isinstance(op, Step):
+            if op.req in self.finished and op.req not in self.running:
+                return m.allocate_slots(self.finished[op.req], 1)   # the manager must refuse it
             req = self.reqs[op.req]
             req.append_output_token_ids(op.token)  # also hashes any block it fills
             req.spec_token_ids = list(op.drafts)
@@ -193,13 +196,13 @@ class VllmGroupsCacheDriver(Driver):
             req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
             m.free(req)
             self.running.discard(op.req)
-            req.num_computed_tokens = 0
             req.spec_token_ids = []
             if isinstance(op, Preempt):
+                req.num_computed_tokens = 0
                 req.status = self.status.PREEMPTED
                 req.num_preemptions += 1
-            else:
-                self.reqs.pop(op.req, None)
+            elif self.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
+                self.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 

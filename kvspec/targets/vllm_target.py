@@ -99,6 +99,7 @@ class VllmCacheDriver(Driver):
         self.status = up.request.RequestStatus
         self.reqs: dict[str, Any] = {}
         self.running: set[str] = set()
+        self.finished: dict[str, Any] = {}   # a Step of one reaches the manager (a scheduler misuse)
 
     def apply(self, op: Op) -> Any:
         m = self.mgr
@@ -106,8 +107,8 @@ class VllmCacheDriver(Driver):
             req = self.reqs.get(op.req) if op.prompt is None else self.up.new_request(op.req, op.prompt, self.hasher)
             if req is None:
                 raise KeyError(f"no waiting request {op.req}")
-            self.reqs[op.req] = req
             hits, num_hit = compat.computed_blocks(m, req, self.bs)
+            self.reqs[op.req] = req   # only now: a rejected admission must leave the driver as it was
             if compat.allocate(m, req, req.num_tokens - num_hit, num_hit, hits) is None:
                 return None
             req.num_computed_tokens = req.num_tokens
@@ -115,6 +116,8 @@ class VllmCacheDriver(Driver):
             self.running.add(op.req)
             return num_hit
         if isinstance(op, Step):
+            if op.req in self.finished and op.req not in self.running:
+                return compat.allocate(m, self.finished[op.req], 1)   # the manager must refuse it
             req = self.reqs[op.req]
             req.append_output_token_ids(op.token)  # also hashes any block it fills
             if compat.allocate(m, req, req.num_tokens - req.num_computed_tokens) is None:
@@ -127,13 +130,13 @@ class VllmCacheDriver(Driver):
             req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
             compat.release(m, req, finished=isinstance(op, Finish))
             self.running.discard(op.req)
-            req.num_computed_tokens = 0
             if isinstance(op, Preempt):
+                req.num_computed_tokens = 0
                 req.status = self.status.PREEMPTED
                 if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
                     req.num_preemptions += 1
-            else:
-                self.reqs.pop(op.req, None)
+            elif self.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
+                self.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 
