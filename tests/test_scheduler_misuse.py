@@ -55,9 +55,10 @@ def test_an_impl_without_the_admission_guard_is_caught(monkeypatch, name, config
     assert "ATOMIC_REJECT" in {v.invariant for v in out.violations}
 
 
-def test_the_machine_draws_the_scheduler_misuses(monkeypatch):
+def test_the_machine_draws_the_scheduler_misuses(monkeypatch, tmp_path):
     _no_guard(monkeypatch)
-    rep = run_check(ImplTarget(), "impl", level="cache", misuse=True, seed=0, max_examples=200, report_dir="")
+    rep = run_check(ImplTarget(), "impl", level="cache", misuse=True, seed=0, max_examples=200,
+                    report_dir=str(tmp_path))
     found = [f for f in rep.violations + rep.robustness if f.invariant == "ATOMIC_REJECT"]
     assert found, rep.verdict
     messages = [v.message for f in found for v in f.violations]
