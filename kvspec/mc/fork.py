@@ -134,7 +134,13 @@ class CompactFork(Fork):
     the same objects); the model, the hash history and the shadow KV store are saved the
     same way. A state either cannot save exactly (``snapshot()`` or ``capture()`` gives
     None: something outside the known objects, a list reachable twice, ...) is pickled
-    instead, and loading it gives a separate session, as ``PickleFork`` does."""
+    instead, and loading it gives a separate session, as ``PickleFork`` does.
+
+    Loading is the hot path of a search (once per transition), so both restores run as
+    generated straight-line code (``_compiled_restore``) doing exactly what
+    ``GraphSnapshot.restore`` does, and the driver's restore is called directly on its
+    graph (the check ``_InPlaceSnapshots.restore`` makes, that the snapshot is this
+    driver's, is the identity test against the graph seen first)."""
 
     name = "compact"
 
@@ -152,6 +158,9 @@ class CompactFork(Fork):
             raise TypeError("the session's state cannot be saved in place")
         self.pickled = PickleFork(template)
         self.fallbacks = 0   # states that had to be pickled
+        self._rest_restore = _compiled_restore(self.graph)
+        self._driver_graph: Any = None   # the driver's own GraphSnapshot, once seen
+        self._driver_restore: Any = None
 
     def save(self, s, path):
         if s is self.live:
@@ -168,15 +177,42 @@ class CompactFork(Fork):
             return self.pickled.load(saved, obs)
         snap, rest, fields = saved
         s = self.live
-        drv = s.driver.restore(snap)
-        if drv is not s.driver:
-            s.driver = drv
-        self.graph.restore(rest)
+        g = snap[0] if type(snap) is tuple and len(snap) == 2 else None
+        if g is not None and g is self._driver_graph:
+            self._driver_restore(snap[1])   # what ``driver.restore(snap)`` does, compiled
+        else:
+            drv = s.driver.restore(snap)
+            if drv is not s.driver:
+                s.driver = drv
+            self._driver_graph, self._driver_restore = g, _compiled_restore(g) if g is not None else None
+        self._rest_restore(rest)
         d = s.__dict__
-        for k, v in zip(self.rest_names, fields):
-            d[k] = v
-        s.obs, s.steps, s.initial, s.last_result = obs, [], [], None
+        d.update(zip(self.rest_names, fields))
+        d["obs"], d["steps"], d["initial"], d["last_result"] = obs, [], [], None
         return s
+
+
+def _compiled_restore(g: Any) -> Callable[[tuple], None]:
+    """``g.restore`` (a ``GraphSnapshot``: the impl drivers' in-place snapshots) as one
+    generated straight-line function: for each object with a ``__dict__``, the same
+    class check, ``clear``, ``update`` and thawed containers, in the same order, so
+    the objects end in exactly the state ``g.restore`` leaves them in (tests/test_mc.py
+    compares the two forks' state spaces). Only for a ``GraphSnapshot`` whose layout
+    this knows; anything else keeps its own ``restore``."""
+    dicted, set_slots = getattr(g, "dicted", None), getattr(g, "_set_slots", None)
+    if type(dicted) is not list or set_slots is None or type(g).restore.__qualname__ != "GraphSnapshot.restore":
+        return g.restore
+    lines = ["def restore(state):", "    slots, dicts = state", "    set_slots(slots)"]
+    if dicted:
+        lines.append("    " + "".join(f"p{i}, " for i in range(len(dicted))) + "= dicts")
+    ns: dict = {"set_slots": set_slots}
+    for i, (o, cls) in enumerate(dicted):
+        ns[f"o{i}"], ns[f"c{i}"] = o, cls
+        lines += [f"    if o{i}.__class__ is not c{i}: o{i}.__class__ = c{i}",
+                  f"    d = o{i}.__dict__", "    d.clear()", f"    d.update(p{i}[0])",
+                  f"    for k, f, x in p{i}[1]: d[k] = f(x)"]
+    exec(compile("\n".join(lines), "<CompactFork.restore>", "exec"), ns)
+    return ns["restore"]
 
 
 def _is_scalar(v: Any) -> bool:

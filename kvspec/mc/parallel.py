@@ -21,7 +21,12 @@ costs time, never changes a result.
 States travel between levels pickled: the in-place fork's saved state (slot values
 and list copies) with the live objects it restores into sent as references (``registry``:
 every worker is a fork of the search, so the same ids name its copies of them), or the
-pickle fork's bytes. A worker puts a state back into its own copy of the live session
+pickle fork's bytes. What crosses a pipe is kept plain, since that is what a second
+worker pays for: a state is pickled by ``_RefPickler`` (asked only about the few
+objects that are not tuples, ints, bytes ...), its observation goes as tuples
+(``flat_obs``; ``obs_of`` builds an equal one on the other side), a key as the bytes it
+already is, and a worker hands back only the key-memo entries it added (not the whole
+memo). A worker puts a state back into its own copy of the live session
 exactly as the one-process search does. A search with another fork (deepcopy, replay: a
 target whose state does not pickle) runs in one process (``MCResult.workers`` says so).
 """
@@ -29,12 +34,14 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+from itertools import islice
 import pickle
 import time
 from typing import Any, Callable, Optional
 
 from kvspec.check.session import Session
 from kvspec.mc.fork import _DISPATCH, CompactFork, Fork, PickleFork, _is_scalar
+from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Op
 
 # What a forked worker reads (set by the search right before it forks the pool).
@@ -46,7 +53,7 @@ def registry(forker: Fork) -> dict[int, Any]:
     and every object they restore in place, the live session's model and hash history),
     by ``id``. Every worker is a fork of the search, so the same ids name its copies of
     the same objects: a saved state travels with these as references, never copied."""
-    reg: dict[int, Any] = {}
+    reg = _Registry()
     if isinstance(forker, CompactFork):
         from kvspec.targets.snapshot import _GRAPHS
 
@@ -59,7 +66,45 @@ def registry(forker: Fork) -> dict[int, Any]:
             v = getattr(live, k)
             if not _is_scalar(v):
                 reg[id(v)] = v
+    reg.by_reduce = all(type(v) not in _BASIC for v in reg.values())
     return reg
+
+
+# the types the C pickler writes without asking ``reducer_override`` (CPython's docs)
+_BASIC = frozenset({type(None), bool, int, float, bytes, str, dict, set, frozenset, list, tuple})
+_LIVE: dict[int, Any] = {}   # the registry a state is being decoded against (see ``_live``)
+
+
+class _RefPickler(pickle.Pickler):
+    """Pickles the live objects of ``reg`` as references (``_live(id)``), modules by name.
+    ``reducer_override`` is asked only about objects of other types than ``_BASIC``, so a
+    state made mostly of tuples, ints and bytes costs a few calls instead of one per
+    object (as ``persistent_id`` does). Used only where no registry object is of a
+    ``_BASIC`` type (``_by_reduce``): those would be copied instead of referenced."""
+
+    dispatch_table = _DISPATCH
+
+    def __init__(self, f: Any, reg: dict[int, Any]) -> None:
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.reg = reg
+
+    def reducer_override(self, o: Any) -> Any:
+        if id(o) in self.reg:
+            return _live, (id(o),)
+        return NotImplemented
+
+
+def _live(i: int) -> Any:
+    return _LIVE[i]
+
+
+class _Registry(dict):
+    """``registry``'s answer: id -> live object, and whether ``_RefPickler`` may send it."""
+    by_reduce = False
+
+
+def _by_reduce(reg: dict[int, Any]) -> bool:
+    return getattr(reg, "by_reduce", False)
 
 
 def encode(forker: Fork, saved: Any, reg: dict[int, Any]) -> Any:
@@ -68,6 +113,9 @@ def encode(forker: Fork, saved: Any, reg: dict[int, Any]) -> Any:
     bytes as they are."""
     if isinstance(forker, CompactFork) and type(saved) is not bytes:
         f = io.BytesIO()
+        if _by_reduce(reg):
+            _RefPickler(f, reg).dump(saved)
+            return "ref", f.getvalue()
         p = pickle.Pickler(f, protocol=pickle.HIGHEST_PROTOCOL)
         p.dispatch_table = _DISPATCH
         p.persistent_id = lambda o: id(o) if id(o) in reg else None
@@ -77,11 +125,36 @@ def encode(forker: Fork, saved: Any, reg: dict[int, Any]) -> Any:
 
 
 def decode(sent: Any, reg: dict[int, Any]) -> Any:
+    if type(sent) is tuple and sent[0] == "ref":
+        global _LIVE
+        _LIVE = reg
+        return pickle.loads(sent[1])
     if type(sent) is tuple and sent[0] == "compact":
         u = pickle.Unpickler(io.BytesIO(sent[1]))
         u.persistent_load = reg.__getitem__
         return u.load()
     return sent
+
+
+def flat_obs(obs: Any) -> Any:
+    """An observation as plain tuples for the trip between processes (pickling the frozen
+    dataclasses costs more than the rest of a state); ``obs_of`` builds an equal one.
+    Anything but the plain classes travels as it is."""
+    if type(obs) is not Observation or any(type(b) is not BlockState for b in obs.blocks) \
+            or any(type(r) is not RequestState for r in obs.requests.values()):
+        return obs
+    return ("flat", tuple([(b.ref, b.hash, b.queued) for b in obs.blocks]), obs.queue, tuple(obs.index.items()),
+            obs.free_count, obs.null_block, tuple([(k, r.table, r.computed, r.groups) for k, r in obs.requests.items()]),
+            obs.queue_problems)
+
+
+def obs_of(sent: Any) -> Any:
+    if type(sent) is not tuple or sent[0] != "flat":
+        return sent
+    _, blocks, queue, index, free, null, reqs, problems = sent
+    return Observation(blocks=tuple([BlockState(*b) for b in blocks]), queue=queue, index=dict(index),
+                       free_count=free, null_block=null,
+                       requests={k: RequestState(t, c, g) for k, t, c, g in reqs}, queue_problems=problems)
 
 
 def _expand(slice_no: int) -> dict:
@@ -100,7 +173,7 @@ def _expand(slice_no: int) -> dict:
 
     def done(timeout: bool) -> dict:
         # the keys this worker computed go back too, so later levels look them up (KeyMemo)
-        learned = list(memo.items())[n0:] if memo is not None and len(memo) >= n0 else []
+        learned = list(islice(memo.items(), n0, None)) if memo is not None and len(memo) >= n0 else []
         return {"records": out, "ops": ops_per, "timeout": timeout, "memo": learned}
 
     def record(found: list, pos: int, i: int, op) -> bool:
@@ -116,7 +189,7 @@ def _expand(slice_no: int) -> dict:
         if time.monotonic() > L["deadline"]:
             return done(True)
         sent, obs, extra, _ = frontier[pos]
-        saved = decode(sent, reg)
+        saved, obs = decode(sent, reg), obs_of(obs)
         base = fk.load(saved, obs)
         ops = ops_of(base, extra)
         ops_per.append(len(ops))
@@ -149,7 +222,7 @@ def _expand(slice_no: int) -> dict:
                     out.append((pos, i, op, "rechecked", k))
                 continue
             local.add(k)
-            state = None if last else (encode(fk, fk.save(t, lambda: []), reg), t.obs)
+            state = None if last else (encode(fk, fk.save(t, lambda: []), reg), flat_obs(t.obs))
             out.append((pos, i, op, "new", (k, status, state, ex2)))
     return done(False)
 

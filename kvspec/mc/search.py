@@ -82,6 +82,16 @@ Why this finds the same bugs at the same length, with the same counterexample:
 tests/test_mc_corpus.py runs every corpus bug (pool and cache level) both ways and
 compares verdicts, states and counterexamples; tests/test_mc_modes.py the state spaces.
 
+At pool level the transition checks themselves run as one pass
+(``kvspec.spec.fast_pool``, asked by ``StepChecker``): it answers "clean" only where
+every transition check of the catalogue finds nothing, records HASH_CHAIN's pairs as
+that check would, and on any doubt the catalogue's checks run, so every step is still
+checked by (the equivalent of) every transition check, and a finding is theirs word
+for word (tests/test_fast_pool.py holds the pass to the catalogue and shows each of
+its conditions matters). The enabled ops of a pool-level state are remembered under
+what ``enabled_pool_ops`` reads of it (``_pool_ops_key``): the same inputs give the
+same (immutable) ops, so the order of transitions does not change.
+
 ``workers=N`` (``kvspec mc --workers N``) runs the same search level by level over N
 processes (``kvspec.mc.parallel``), with the same states and counterexample.
 
@@ -97,6 +107,7 @@ how far the search got.
 """
 from __future__ import annotations
 
+import marshal
 import os
 import sys
 import time
@@ -179,6 +190,20 @@ def rss_bytes() -> int:
         return 0
 
 
+def _pool_ops_key(m: Any, used: Any, labels: tuple) -> Optional[bytes]:
+    """What ``enabled_pool_ops`` reads of a state, besides the search's fixed config and
+    bounds: the model's ref counts and hashes, its queue's length, which labels its index
+    holds and which labels the hash history has seen (as sets: it only asks ``in``).
+    Equal bytes, equal inputs, so the same ops (immutable) are handed out again."""
+    if type(m.ref) is not list or type(m.hash) is not list:
+        return None   # the incremental session's TrackedLists: no memo
+    try:
+        return marshal.dumps((m.ref, m.hash, len(m.queue), [x in m.index for x in labels],
+                              [x in used for x in labels], len(m.index)), 2)
+    except ValueError:
+        return None   # a model hash marshal cannot write
+
+
 def _next_extra(extra: dict, op: Op) -> dict:
     if isinstance(op, Admit) and op.prompt is not None:
         lens = dict(extra["prompt_lens"])
@@ -256,12 +281,20 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
 
     unsupported = getattr(target.traits, "unsupported_ops", frozenset())
 
+    ops_memo: dict = {}
+
     def ops_of(s: Session, extra: dict) -> list[Op]:
         if cache:
             ops = enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
                               prompt_lens=extra["prompt_lens"])
         else:
-            ops = enabled_ops(s.model, config, bounds, used_labels=s.hashes.k2t.keys())
+            m = s.model
+            mk = _pool_ops_key(m, s.hashes.k2t, bounds.labels)
+            ops = ops_memo.get(mk) if mk is not None else None
+            if ops is None:
+                ops = enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys())
+                if mk is not None and len(ops_memo) < 1 << 16:
+                    ops_memo[mk] = ops
         # ops the target has no API for are never tried (Traits.unsupported_ops)
         return [op for op in ops if type(op).__name__ not in unsupported] if unsupported else ops
 

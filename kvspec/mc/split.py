@@ -26,13 +26,18 @@ a doubt always lands on the side that runs every step.
 
 ``StepChecker`` is the search's ``Session.step_check``: it runs the transition checks
 on every step and keeps the step's context, so that ``state_violations()`` can run the
-state checks on it once the search knows the post-state is not yet checked.
+state checks on it once the search knows the post-state is not yet checked. At pool
+level it first asks ``kvspec.spec.fast_pool.pool_transition_clean`` (every transition
+check in one pass, answering "clean" only when sure, and recording HASH_CHAIN's pairs
+as the check would); on any doubt the catalogue's transition checks run as before, so
+a finding and its message are always theirs.
 """
 from __future__ import annotations
 
 import types
 from typing import Callable, Optional
 
+from kvspec.spec.fast_pool import commit, covers, pool_transition_clean
 from kvspec.spec.invariants import CHECKS, PRIORITY, StepContext
 from kvspec.spec.violation import Violation
 
@@ -92,13 +97,28 @@ def _ordered(per_check: dict[int, list[Violation]]) -> list[Violation]:
 class StepChecker:
     """``Session.step_check`` for the search: transition checks now, state checks on demand."""
 
-    def __init__(self) -> None:
+    def __init__(self, fast: bool = True) -> None:
         self.state_idx, self.transition_idx = split_checks()
         self.ctx: Optional[StepContext] = None
         self.found: dict[int, list[Violation]] = {}
         self.last_comparable = False   # the last step was comparable (and its state checks are pending)
+        # the pool level's transition checks in one pass (kvspec.spec.fast_pool): used only
+        # while it stands for every transition check of the catalogue
+        self.fast = pool_transition_clean if fast and covers(CHECKS[i].__name__ for i in self.transition_idx) \
+            else None
+        self.fast_steps = 0
 
     def __call__(self, ctx: StepContext) -> list[Violation]:
+        if self.fast is not None:
+            pairs = self.fast(ctx)
+            if pairs is not None:
+                # every transition check finds nothing (so the step is comparable); the
+                # state checks stay pending, exactly as below
+                if pairs:
+                    commit(ctx.hashes, pairs)
+                self.ctx, self.last_comparable, self.found = ctx, True, {}
+                self.fast_steps += 1
+                return []
         if not ctx.comparable:
             # a state check reading ``comparable`` is a function of the state only on a
             # comparable step: here every check runs, exactly check_step

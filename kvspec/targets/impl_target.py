@@ -14,9 +14,18 @@ from kvspec.targets.impl_cache import ImplCacheDriver  # noqa: F401  (re-exporte
 from kvspec.targets.snapshot import _InPlaceSnapshots
 from kvspec.targets.v1_driver import V1PoolDriver, _Deltas, observe_pool
 
+_LABEL_HASHES: dict = {}
+
+
 def label_hash(label: str) -> bytes:
-    """The target hash standing for a pool-level hash label."""
-    return hashlib.sha256(b"kvspec-label:" + label.encode()).digest()
+    """The target hash standing for a pool-level hash label (remembered: the model
+    checker asks for the same few labels on every Cache and Lookup)."""
+    h = _LABEL_HASHES.get(label)
+    if h is None:
+        h = hashlib.sha256(b"kvspec-label:" + label.encode()).digest()
+        if len(_LABEL_HASHES) < 4096:
+            _LABEL_HASHES[label] = h
+    return h
 
 class ImplPoolDriver(_InPlaceSnapshots, _Deltas, V1PoolDriver):
     def __init__(self, mod: ModuleType, config: Config) -> None:
