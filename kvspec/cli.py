@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--depth", type=int, default=8)
     m.add_argument("--requests", type=int, default=2, help="cache level: live requests at most")
     m.add_argument("--kv-groups", default="full", help="KV-cache groups sharing the pool, e.g. full,swa:4 (cache level)")
+    m.add_argument("--max-model-len", type=int, default=None, metavar="N",
+                   help="per-request token cap (cache level, targets with cache features; default: none)")
     m.add_argument("--caching", choices=["on", "off"], default=None,
                    help="prefix caching (default: on where the target supports it, else off)")
     m.add_argument("--symmetry", choices=["on", "off"], default="on",

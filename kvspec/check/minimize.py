@@ -16,10 +16,12 @@ shortest repro.
    bug would otherwise be searched to the full ddmin length first, which at cache
    level can take the whole budget (touch_after_alloc: ddmin leaves 14 steps on 11
    blocks; deepening proves 5 in under 2 s). The search first uses ``mc``'s own
-   domains, so the repro is exactly what ``kvspec mc`` finds on its configuration; only
-   when that finds nothing as short as the ddmin result are the domains widened to
-   include every argument the ddmin result uses (its prompts, tokens, set sizes, ref
-   counts, labels and requests).
+   domains (the cache features' ops included where the target has them), so the repro
+   is exactly what ``kvspec mc`` finds on its configuration; only when that finds
+   nothing as short as the ddmin result, and the ddmin result uses arguments outside
+   them, are the domains widened to include every one (its prompts, tokens, extra
+   keys, chunks, connector tokens, drafts, prefill counts, set sizes, ref counts,
+   labels and requests).
 
 ``minimal`` is True only when a search that ran to completion proves it: no
 sequence of fewer steps over the domains searched fails with this invariant on the
@@ -33,7 +35,7 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Admit, Cache, CachePartial, Finish, Lookup, Op, Preempt, Step
+from kvspec.spec.ops import Admit, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step, Verify
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target
 
@@ -102,7 +104,7 @@ def rename(steps: Sequence[Op]) -> list[Op]:
 
     out: list[Op] = []
     for op in steps:
-        if isinstance(op, (Admit, Step, Preempt, Finish)):
+        if isinstance(op, (Admit, Step, Preempt, Finish, Prefill, Verify)):
             op = replace(op, req=req(op.req))
         elif isinstance(op, (Cache, CachePartial)):
             op = replace(op, hashes=tuple(lab(h) for h in op.hashes))
@@ -155,20 +157,30 @@ def deepening_search(target: Target, configs: Sequence[Config], max_depth: int, 
     return None, None, complete
 
 
+def bounds_fors(steps: Sequence[Op], config: Config) -> list:
+    """The domains a search for a shorter ``steps`` goes over, per pool: mc's own, then,
+    where ``steps`` uses anything outside them, mc's own widened by its arguments."""
+    from kvspec.mc.enumerate_ops import Bounds
+
+    out = [lambda c: Bounds()]
+    if Bounds().widened(steps, config) != Bounds().widened([], config):
+        out.append(lambda c: Bounds().widened(steps, c))
+    return out
+
+
 def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant: str,
                  budget_s: float = BFS_BUDGET_S, shrink_config: bool = True, max_states: Optional[int] = None
                  ) -> tuple[list[Op], Optional[bool], Config]:
     """Step 3 of the module doc: (steps, minimal, config)."""
-    from kvspec.mc.enumerate_ops import Bounds
-
     steps = list(steps)
     deadline = time.monotonic() + budget_s
     configs = _smaller_configs(config, target.traits.null_block) if shrink_config else [config]
     max_depth = min(len(steps), BFS_MAX_DEPTH)
-    for i, bounds_for in enumerate((None, lambda cfg: Bounds().widened(steps, cfg))):
+    for i, bounds_for in enumerate(bounds_fors(steps, config)):
         # The widened domains get at least half the budget again: a bug mc's own prompts
         # cannot reach in a few steps (nano-vllm-voxcpm's stale index needs one block behind
-        # two prefixes) would otherwise leave them no time, and they hold a short repro.
+        # two prefixes; a max_model_len past mc's longest prompt) would otherwise leave them
+        # no time, and they hold a short repro.
         until = max(deadline, time.monotonic() + budget_s / 2) if i else deadline
         found, cfg, complete = deepening_search(target, configs, max_depth, invariant, until, bounds_for,
                                                 max_states)

@@ -83,18 +83,28 @@ def load_corpus(target: str) -> tuple[Path, list[dict]]:
 def shortest_failing(target, config, steps, invariant: str, budget_s: float = MINIMAL_BUDGET_S
                      ) -> tuple[Optional[int], bool]:
     """(length, proven): the shortest failing sequence with ``invariant`` that
-    ``kvspec.mc`` (its default domains) finds on the pools of the finding's level and
-    block size up to the finding's pool, by the minimizer's iterative deepening with
-    this runner's budget. ``proven`` is True only when every shallower search ran to
-    completion without a failure."""
-    from kvspec.check.minimize import _smaller_configs, deepening_search
+    ``kvspec.mc`` finds on the pools of the finding's level and block size up to the
+    finding's pool, by the minimizer's iterative deepening with this runner's budget:
+    first over mc's default domains, then (if those hold nothing as short) over them
+    widened by the repro's own arguments (``Bounds.widened``: its prompts, tokens, extra
+    keys, chunks, drafts...), so a repro outside mc's vocabulary is never called minimal
+    just because nothing in that vocabulary fails. ``proven`` is True only when every
+    shallower search ran to completion without a failure."""
+    from kvspec.check.minimize import _smaller_configs, bounds_fors, deepening_search
 
     pools = _smaller_configs(config, target.traits.null_block)
-    found, _, complete = deepening_search(target, pools, min(len(steps), MINIMAL_MAX_DEPTH), invariant,
-                                          time.monotonic() + budget_s)
-    if found is not None:
-        return len(found), complete
-    return (len(steps), True) if complete else (None, False)
+    depth = min(len(steps), MINIMAL_MAX_DEPTH)
+    fors = bounds_fors(steps, config)
+    start = time.monotonic()
+    for i, bounds_for in enumerate(fors):
+        # mc's own domains get half the budget when widened ones follow, so that a repro mc
+        # cannot express (a cap past its longest prompt) is not left without time
+        share = budget_s / 2 if i == 0 and len(fors) > 1 else budget_s
+        found, _, complete = deepening_search(target, pools, depth, invariant,
+                                              min(time.monotonic() + share, start + budget_s), bounds_for)
+        if found is not None:
+            return len(found), complete
+    return None, False
 
 
 def run_trial(task: dict) -> dict:

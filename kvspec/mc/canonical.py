@@ -222,17 +222,16 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
     t2k = hashes.t2k if hashes is not None else {}
     slots = shadow.slots if shadow is not None else {}
     reqs = m.reqs
-    # The renaming below knows one table per request: with several KV-cache groups the
-    # state is kept as it is (sound, only less reduced).
-    if not symmetry or len(getattr(m, "groups", ())) > 1:
+    if not symmetry:
         return (tuple(ref), tuple(hsh), tuple(queue), _items({k: tuple(v) for k, v in index.items()}),
                 tuple(sorted((r, tuple(q.tokens), prompt_lens.get(r), q.running, q.computed, tuple(q.table),
-                              q.num_cached, repr(getattr(q, "more", None)), repr(getattr(q, "drafts", None)))
+                              q.num_cached, repr(getattr(q, "more", None)), _features(q))
                              for r, q in reqs.items())),
                 _raw_obs(obs), _items(t2k), _items(slots))
     # requests in an order given by their contents; ties by old id
     rids = sorted(reqs, key=lambda r: (not reqs[r].running, reqs[r].tokens, prompt_lens.get(r, -1),
-                                       reqs[r].computed, reqs[r].num_cached, len(reqs[r].table), r)) \
+                                       reqs[r].computed, reqs[r].num_cached, len(reqs[r].table),
+                                       _features(reqs[r]), r)) \
         if len(reqs) > 1 else list(reqs)
     rmap = {r: i for i, r in enumerate(rids)}
     null = pool.null
@@ -241,10 +240,11 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
         bmap[null] = null
     nxt = 0 if null is None else 1
     for r in rids:
-        for b in reqs[r].table:
-            if b not in bmap:
-                bmap[b] = nxt
-                nxt += 1
+        for t in _tables(reqs[r]):  # every KV-cache group's table, group 0 first
+            for b in t:
+                if b not in bmap:
+                    bmap[b] = nxt
+                    nxt += 1
     for b in queue:
         if b not in bmap:
             bmap[b] = nxt
@@ -259,9 +259,10 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
         order[nb] = b
     model = (tuple([(ref[b], hsh[b]) for b in order]),
              tuple([bmap[b] for b in queue]),
-             tuple(sorted([(k, tuple([bmap[b] for b in bs])) for k, bs in index.items()])),
+             _items({k: tuple([bmap[b] for b in bs]) for k, bs in index.items()}),  # keys of mixed types with groups
              tuple([(tuple(q.tokens), prompt_lens.get(r, -1), q.running, q.computed, q.num_cached,
-                     tuple([bmap[b] for b in q.table])) for r, q in [(r, reqs[r]) for r in rids]]))
+                     tuple([tuple([bmap[b] for b in t]) for t in _tables(q)]), _features(q))
+                    for r, q in [(r, reqs[r]) for r in rids]]))
     # target hashes are functions of the tokens here: kept, only blocks and requests are renamed
     ob = obs.blocks
     if len(ob) == n:
@@ -271,7 +272,8 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
                       tuple(sorted([(h, tuple([get(b, ("?", b)) for b in ids])) for h, ids in obs.index.items()],
                                    key=_repr_first)),
                       obs.free_count,
-                      tuple(sorted([(rmap.get(r, ("?", r)), tuple([get(b, ("?", b)) for b in rs.table]), rs.computed)
+                      tuple(sorted([(rmap.get(r, ("?", r)), tuple([get(b, ("?", b)) for b in rs.table]), rs.computed,
+                                     tuple([tuple([get(b, ("?", b)) for b in t]) for t in rs.groups]))
                                     for r, rs in obs.requests.items()])),
                       obs.null_block, obs.queue_problems)
         shadow_part = tuple(sorted([((get(b, ("?", b)), off), content) for (b, off), content in slots.items()]))
@@ -279,6 +281,21 @@ def cache_key(m, obs: Observation, hashes, shadow, prompt_lens: dict, symmetry: 
         opart = ("raw", _raw_obs(obs))
         shadow_part = _items(slots)
     return (model, opart, _items(t2k), shadow_part)
+
+
+def _tables(q) -> list:
+    """A request's tables: group 0's, then those of groups 1.. (``GroupReq.more``)."""
+    more = getattr(q, "more", None)
+    return [q.table] + list(more) if more else [q.table]
+
+
+def _features(q) -> tuple:
+    """A request's state besides tokens and tables (``GroupReq``: extra keys, drafts in
+    flight, where its last schedule began computing, the groups' cached counts); ``()``
+    for a plain ``ReqModel``. Not renamed: none of it names a block or a request."""
+    if not hasattr(q, "drafts"):
+        return ()
+    return (repr(q.extra), tuple(q.drafts), q.computing_from, tuple(q.more_cached))
 
 
 # -- remembering keys per exact state ------------------------------------------------------
@@ -331,7 +348,7 @@ class KeyMemo:
 
 def _raw_obs_parts(o: Observation) -> tuple:
     return ([(b.ref, b.hash, b.queued) for b in o.blocks], o.queue, o.index, o.free_count, o.null_block,
-            o.queue_problems, [(r, rs.table, rs.computed) for r, rs in o.requests.items()] if o.requests else None)
+            o.queue_problems, [(r, rs.table, rs.computed, rs.groups) for r, rs in o.requests.items()] if o.requests else None)
 
 
 def _raw_pool(s) -> Optional[bytes]:
@@ -343,6 +360,7 @@ def _raw_pool(s) -> Optional[bytes]:
 def _raw_cache(s, extra: Optional[dict]) -> Optional[bytes]:
     m, h, sh = s.model, s.hashes, s.shadow
     p = m.pool
-    reqs = [(r, q.tokens, q.running, q.computed, q.num_cached, q.table) for r, q in m.reqs.items()]
+    reqs = [(r, q.tokens, q.running, q.computed, q.num_cached, q.table, getattr(q, "more", None), _features(q))
+            for r, q in m.reqs.items()]
     return marshal.dumps((p.ref, p.hash, p.queue, p.index, reqs, (extra or {}).get("prompt_lens", {}),
                           _raw_obs_parts(s.obs), None if h is None else h.t2k, None if sh is None else sh.slots), 2)

@@ -1,7 +1,7 @@
 """``kvspec mc``: exhaustive bounded model checking from the command line.
 
     kvspec mc [--target T] [--patch DIFF] [--level pool|cache] [--blocks N] [--depth D]
-              [--requests R] [--time-cap S] [--mem-cap GIB] [--json] [--report-dir DIR]
+              [--requests R] [--kv-groups G] [--max-model-len N] [--time-cap S] [--mem-cap GIB] [--json] [--report-dir DIR]
               [--symmetry on|off] [--fork auto|compact|pickle|deepcopy|replay|driver]
               [--workers N] [--check-once on|off]
 
@@ -93,8 +93,11 @@ def cmd_mc(a: argparse.Namespace) -> int:
     from kvspec.check.command import check_kv_groups
     kv_groups = check_kv_groups(getattr(a, "kv_groups", None), target) or "full"
     caching = _caching(a, target)
+    mml = getattr(a, "max_model_len", None)
+    if mml is not None and (mml < 1 or a.level != "cache"):
+        raise UsageError("kvspec mc: --max-model-len takes a positive token count, at the cache level")
     config = Config(level=a.level, num_blocks=a.blocks + (1 if target.traits.null_block else 0),
-                    block_size=DEFAULT_BLOCK_SIZE, kv_groups=kv_groups, caching=caching)
+                    block_size=DEFAULT_BLOCK_SIZE, kv_groups=kv_groups, caching=caching, max_model_len=mml)
     bounds = Bounds(requests=a.requests, symmetry=getattr(a, "symmetry", "on") != "off")
     r = model_check(target, config, a.depth, bounds, time_cap=a.time_cap, mem_cap_gib=a.mem_cap,
                     progress=sys.stderr.isatty() and not a.json, fork=getattr(a, "fork", "auto"),

@@ -34,6 +34,24 @@ Cache level (``stateful/cache.py`` rules admit_new, admit_waiting, step, preempt
     Preempt(id)            each running request
     Finish(id)             each request
 
+With cache features (the model is ``GroupCacheModel``: KV-cache groups, chunked prefill,
+drafts, extra keys, connector tokens, ``Config.max_model_len``) and a configuration that is
+not the plain one (``Bounds.features``; ``widened`` turns them on for steps that use them),
+as ``FeatureCacheMachine``:
+
+    Admit(new id, prompt, chunk, extra, external)  prompts ``feature_prompts`` (the four
+                           and ``A B C``), also with each of ``admit_options`` (default
+                           ``default_admit_options``: chunks of one token and one block,
+                           ``lora:A``, ``salt:s``, connector tokens of each whole number
+                           of blocks and all but the last token; one at a time)
+    Admit(id, chunk, external)  re-admission with those chunks / connector tokens too
+    Step(id, token, drafts)     only once prefill is done and drafts verified; drafts from
+                           ``()`` and ``drafts`` (default ``default_drafts``: 1 token and a block)
+    Prefill(id, n)         n from ``prefills`` (default: one block), while prefilling
+    Verify(id, accepted)   accepted = 0 .. drafts in flight
+
+The ``max_model_len`` cap is the config's (the model refuses what would pass it).
+
 New requests get fresh ids ``r1, r2, ...`` in order of admission (as the machine does);
 ``next_request`` says which number is next.
 
@@ -46,8 +64,8 @@ permutations used are the ones ``kvspec.mc.canonical`` also factors out, so the 
 is unchanged (see that module): at pool level, held blocks with no hash and equal ref
 counts are interchangeable (they appear nowhere but in their own ref count), and so
 are labels that no block carries, split into those the run has used before and those
-it never has; at cache level, waiting requests with the same tokens and prompt are
-interchangeable. Sequences are then generated so that within each class of
+it never has; at cache level, waiting requests with the same tokens, prompt and extra
+keys are interchangeable. Sequences are then generated so that within each class of
 interchangeable items the i-th one used is the class's i-th member, which keeps one
 representative of every orbit.
 """
@@ -57,7 +75,10 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Optional, Sequence
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Admit, Alloc, Cache, CachePartial, Finish, Free, FreeForeign, Lookup, Op, Preempt, Reset, Step, Touch
+from kvspec.mc.cache_features import (default_admit_options, default_drafts, feature_prompts, per_request, useful,
+                                      widened_features)
+from kvspec.spec.ops import (Admit, Alloc, Cache, CachePartial, Finish, Free, FreeForeign, Lookup, Op, Prefill, Preempt,
+                             Reset, Step, Touch, Verify)
 
 
 @dataclass(frozen=True)
@@ -73,8 +94,19 @@ class Bounds:
     # -- cache level -------------------------------------------------------------
     requests: int = 2                      # requests alive at once (--requests)
     prompts: Optional[tuple[tuple[int, ...], ...]] = None   # None: default_prompts(block_size)
+    more_prompts: tuple[tuple[int, ...], ...] = ()          # added to the default prompts (widened)
     step_tokens: Optional[tuple[int, ...]] = None           # None: default_step_tokens(block_size)
     max_tokens: Optional[int] = None       # constraint: tokens per request (None: no bound)
+    # -- cache level, targets with cache features (their model has ``prefilling``) ----
+    # Whether the ops below are enumerated. None: where the model has the features and the
+    # config is not the plain one (KV-cache groups other than "full", or a max_model_len),
+    # so a plain configuration keeps the old, much smaller state space (and its proofs).
+    features: Optional[bool] = None
+    # Admit variants (chunk, extra keys, connector tokens) besides the plain one; None:
+    # default_admit_options(block_size), one feature at a time.
+    admit_options: Optional[tuple[tuple[Optional[int], Optional[str], int], ...]] = None
+    drafts: Optional[tuple[tuple[int, ...], ...]] = None    # Step drafts besides (); None: default_drafts
+    prefills: Optional[tuple[int, ...]] = None              # Prefill n; None: (block_size,)
     # -- both --------------------------------------------------------------------
     symmetry: bool = True                  # factor out interchangeable blocks, labels, requests
     misuse: bool = False                   # pool level: add the machine's misuse calls
@@ -88,7 +120,9 @@ class Bounds:
         step_labels = list(dict.fromkeys(h for op in steps for h in _labels_of(op)))
         labels = step_labels + [x for x in b.labels if x not in step_labels]
         labels = labels[:max(len(b.labels), len(step_labels))]   # interchangeable: only the count matters
-        prompts = list(b.prompts if b.prompts is not None else default_prompts(config.block_size))
+        # Prompts the steps add go on top of the default ones (which depend on the model's
+        # features: ``feature_prompts``), or of ``prompts`` where those are given.
+        prompts = list(b.prompts if b.prompts is not None else default_prompts(config.block_size) + b.more_prompts)
         tokens = list(b.step_tokens if b.step_tokens is not None else default_step_tokens(config.block_size))
         max_set, live, max_live = b.max_set, set(), b.requests
         for op in steps:
@@ -103,7 +137,13 @@ class Bounds:
                 live.discard(op.req)
             if isinstance(op, Step) and op.token not in tokens:
                 tokens.append(op.token)
-        return replace(b, labels=tuple(labels), max_set=max_set, prompts=tuple(prompts), step_tokens=tuple(tokens),
+        b = widened_features(b, steps, config)
+        if b.prompts is None:
+            extra_prompts = tuple(p for p in prompts if p not in default_prompts(config.block_size))
+            b = replace(b, more_prompts=extra_prompts)
+        else:
+            b = replace(b, prompts=tuple(prompts))
+        return replace(b, labels=tuple(labels), max_set=max_set, step_tokens=tuple(tokens),
                        requests=max_live, max_ref=max(b.max_ref, _max_ref(steps, config)),
                        max_holders=None, max_tokens=None, max_alloc=None)
 
@@ -302,36 +342,63 @@ def enabled_cache_ops(model, config: Config, bounds: Bounds = Bounds(), next_req
 
     ``next_request``: the number of the next fresh request id. ``prompt_lens``: each
     live request's prompt length (waiting requests with equal tokens and prompt are
-    interchangeable only if both agree)."""
+    interchangeable only if both agree).
+
+    Where the model has cache features (``GroupCacheModel``: groups, chunked prefill,
+    drafts, extra keys, connector tokens, the config's ``max_model_len``), as the
+    Hypothesis machine's ``FeatureCacheMachine`` draws them: Admit also with each of
+    ``admit_options`` (re-admission: its chunk and connector tokens only), Step only for a
+    request whose prefill is done and drafts verified, with each of ``drafts`` too,
+    Prefill(n) for n in ``prefills`` while a prompt is partly computed, and
+    Verify(accepted) for every accepted count 0..k while k drafts are in flight."""
     m = model
-    prompts = bounds.prompts if bounds.prompts is not None else default_prompts(config.block_size)
-    tokens = bounds.step_tokens if bounds.step_tokens is not None else default_step_tokens(config.block_size)
+    bs = config.block_size
+    feat = hasattr(m, "prefilling") and (bounds.features if bounds.features is not None
+                                         else config.kv_groups != "full" or config.max_model_len is not None)
+    prompts = bounds.prompts if bounds.prompts is not None else \
+        tuple(dict.fromkeys((feature_prompts if feat else default_prompts)(bs) + tuple(bounds.more_prompts)))
+    tokens = bounds.step_tokens if bounds.step_tokens is not None else default_step_tokens(bs)
+    opts: Sequence = ()
+    dflt = bounds.admit_options is None
+    if feat:
+        opts = bounds.admit_options if bounds.admit_options is not None else default_admit_options(bs)
     cap = bounds.max_tokens
     ops: list[Op] = []
     if len(m.reqs) < bounds.requests:
         rid = f"r{next_request}"
-        ops += [Admit(rid, p) for p in prompts if cap is None or len(p) <= cap]
+        for p in prompts:
+            if cap is None or len(p) <= cap:
+                ops.append(Admit(rid, p))
+                ops += [Admit(rid, p, c, e, x) for c, e, x in per_request(opts, dflt, len(p), bs)
+                        if e is not None or useful(c, x, len(p))]
+    readmit = list(dict.fromkeys((c, x) for c, _, x in opts))
+    waiting = []
     seen_waiting = set()
     for rid, q in m.reqs.items():
         if q.running:
             continue
-        sig = (tuple(q.tokens), (prompt_lens or {}).get(rid))
+        sig = (tuple(q.tokens), (prompt_lens or {}).get(rid), repr(getattr(q, "extra", None)))
         if bounds.symmetry and sig in seen_waiting:
             continue
         seen_waiting.add(sig)
+        waiting.append(rid)
         ops.append(Admit(rid))
-    for rid, q in m.reqs.items():
-        if q.running and (cap is None or len(q.tokens) < cap):
-            ops += [Step(rid, t) for t in tokens]
+        ops += [Admit(rid, None, c, None, x)
+                for c, _, x in per_request(tuple((c, None, x) for c, x in readmit), dflt, len(q.tokens), bs)
+                if useful(c, x, len(q.tokens))]
+    # the group model never steps a request whose last step was refused (it waits for Prefill)
+    steppable = m.steppable() if hasattr(m, "steppable") else [r for r, q in m.reqs.items() if q.running]
+    drafts = ((),) + tuple(bounds.drafts if bounds.drafts is not None else default_drafts(bs)) if feat else ((),)
+    for rid in steppable:
+        n = len(m.reqs[rid].tokens)
+        ops += [Step(rid, t, d) for d in drafts if cap is None or n + 1 + len(d) <= cap for t in tokens]
+    if feat:
+        prefills = bounds.prefills if bounds.prefills is not None else (bs,)
+        ops += [Prefill(rid, k) for rid in m.prefilling() for k in prefills]
+        ops += [Verify(rid, a) for rid in m.drafting() for a in range(len(m.reqs[rid].drafts) + 1)]
     ops += [Preempt(rid) for rid, q in m.reqs.items() if q.running]
-    seen_waiting = set()
-    for rid, q in m.reqs.items():
-        if not q.running:
-            sig = (tuple(q.tokens), (prompt_lens or {}).get(rid))
-            if bounds.symmetry and sig in seen_waiting:
-                continue
-            seen_waiting.add(sig)
-        ops.append(Finish(rid))
+    shown = set(waiting)
+    ops += [Finish(rid) for rid, q in m.reqs.items() if q.running or rid in shown]
     return ops
 
 
