@@ -8,6 +8,9 @@
 #
 #   benchmarks/run_mutation.sh                 # the committed report (about an hour on 2 cores)
 #   BUDGET=1 benchmarks/run_mutation.sh --only free_queue.py
+#   # kvspec's own checker (see reports/mutation.md, second part, for the committed run):
+#   JOBS=1 BUDGET=0.5 benchmarks/run_mutation.sh --module invariants --module minimize --module session \
+#       --sample 0.25 --seed 13 --timeout 60
 #
 # Not part of the default pytest run: cosmic-ray is not a kvspec dependency.
 set -euo pipefail

@@ -28,6 +28,19 @@ What it does:
 5. Reads the session back (``cosmic-ray dump``) and writes ``--out`` (JSON: every
    mutant with its outcome, what killed it and its diff) and ``--md`` (the report).
 
+kvspec's own checker (``--module invariants|minimize|session|search|canonical|fast_check``,
+repeatable): the working copies hold kvspec/, tests/ and examples/ instead, the test
+command puts the copy's root first on ``PYTHONPATH`` (so the mutated kvspec is the one
+imported; impl/ stays the installed one) and runs that module's focused suite
+(``KVSPEC_MODULES``: tests/mutation/test_kill_kvspec.py first, then the checker probes and
+the minimizer/mc unit tests, the machines last, ``--noconftest`` so torch is not imported).
+``--sample F --seed S [--full MODULE]`` keeps a seeded fraction of the mutants. The
+result goes into a ``kvspec`` entry of --out and a section of --md after impl's; the
+impl report is kept. E.g.
+
+    python tools/mutate.py --module invariants --module minimize --module session \
+        --sample 0.25 --seed 13 --jobs 1 --budget 0.5 --timeout 60 --workdir /tmp/kvspec-mut-kv
+
 Equivalent mutants: tools/mutate.py never decides that a survivor is equivalent. A
 person does, in tests/mutation/equivalent.json (one entry per mutant, matched on file,
 operator and the changed lines, with a one-line reason); the report gives the raw
@@ -61,6 +74,40 @@ SUITE = ["tests/mutation/test_kill.py", "tests/test_free_queue.py", "tests/test_
          "tests/test_kv_cache_manager.py", "tests/test_misuse.py", "tests/mutation/test_machines.py"]
 BASE_PORT = 9876
 
+# --module M (not impl): mutate kvspec's own checker. The worker copy holds kvspec/ and
+# tests/; the test command puts the copy's root first on PYTHONPATH, so `import kvspec`
+# finds the copy's (mutated) package before the editable install's finder, while
+# kvspec.impl/kernels/stateful still come from the install (they are not mutated here).
+# --noconftest: tests/conftest.py imports torch (seconds per mutant) and is not needed.
+# Each module gets its own focused suite, cheapest and most direct first (-x).
+# test_checker_probes.py by name, leaving out its slow corpus probe (a search: 10-25 s per
+# surviving mutant on 2 loaded cores); test_kill_kvspec.py checks KV_INTEGRITY directly
+_PROBE_NAMES = ["lookup_returning_another_hashs_block_is_caught", "stale_links_on_a_removed_block_are_caught",
+                "a_rejected_misuse_that_changed_the_state_is_caught",
+                "a_misuse_rejected_with_the_wrong_exception_class_is_caught",
+                "a_block_table_changing_under_its_request_is_caught", "a_slot_holding_another_prefix_is_caught",
+                "the_models_unhashed_blocks_first_trait_is_needed", "ddmin_shortens_a_long_failing_sequence",
+                "minimal_is_claimed_only_after_a_complete_search",
+                "a_manager_that_forgets_to_index_decode_filled_blocks_is_caught", "a_hanging_call_is_a_no_hang_finding"]
+_PROBES_FAST = [f"tests/test_checker_probes.py::test_{n}" for n in _PROBE_NAMES]
+_PROBES = " ".join(_PROBES_FAST)  # one entry, split below
+_PROBE_SLOW = "tests/test_checker_probes.py::test_kv_integrity_on_a_corpus_patch_that_serves_a_wrong_hit"
+_KILL = "tests/mutation/test_kill_kvspec.py"
+_MIN_FAST = ["tests/test_minimize.py", "--deselect",
+             "tests/test_minimize.py::test_a_long_cache_level_finding_is_cut_to_a_proven_minimum_on_a_small_pool"]
+_MC_FAST = ["tests/test_mc.py::test_small_pool_search_passes_and_counts",
+            "tests/test_mc.py::test_shortest_counterexample_replays_from_scratch",
+            "tests/test_mc.py::test_symmetry_reduction_shrinks_the_state_space"]
+_MACHINES = "tests/mutation/test_machines.py"
+KVSPEC_MODULES = {
+    "invariants": ("kvspec/spec/invariants.py", [_KILL, _PROBES, *_MIN_FAST, _MACHINES]),
+    "fast_check": ("kvspec/spec/fast_check.py", [_KILL, _PROBES, _MACHINES]),
+    "minimize": ("kvspec/check/minimize.py", [_KILL, *_MIN_FAST, _PROBES]),
+    "session": ("kvspec/check/session.py", [_KILL, _PROBES, *_MIN_FAST, _MACHINES]),
+    "search": ("kvspec/mc/search.py", [_KILL, *_MC_FAST, *_MIN_FAST, "tests/test_canonical.py"]),
+    "canonical": ("kvspec/mc/canonical.py", [_KILL, "tests/test_canonical.py", *_MC_FAST, *_MIN_FAST]),
+}
+
 
 def _die(msg: str) -> None:
     print(f"tools/mutate.py: {msg}", file=sys.stderr)
@@ -75,22 +122,46 @@ def _cosmic_ray() -> list[str]:
     return [sys.executable, "-m", "cosmic_ray.cli"]
 
 
-def test_command(budget: float) -> str:
+def test_command(budget: float, modules: Optional[list[str]] = None) -> str:
     # `env` because cosmic-ray splits the command with shlex and runs it without a shell.
+    if modules:  # kvspec's own modules: one focused suite for all named modules, in order
+        suite: list[str] = []
+        for m in modules:
+            for t in " ".join(KVSPEC_MODULES[m][1]).replace("--deselect ", "--deselect=").split():
+                if t not in suite:
+                    suite.append(t)
+        return " ".join(["env", "PYTHONPATH=.", f"KVSPEC_KILL_BUDGET={budget:g}", shlex.quote(sys.executable),
+                         "-m", "pytest", "-x", "-q", "--noconftest", "-p", "no:cacheprovider", "-p", "no:kvspec",
+                         "-p", "no:benchmark", "-p", "no:xdist", *suite])
     return " ".join(["env", "KVSPEC_IMPL_DIR=impl", f"KVSPEC_KILL_BUDGET={budget:g}", shlex.quote(sys.executable),
                      "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:kvspec", "-p", "no:benchmark",
                      "-p", "no:xdist", *SUITE])
 
 
-def make_copy(dst: Path) -> None:
+def make_copy(dst: Path, kvspec: bool = False) -> None:
     dst.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(ROOT / "impl", dst / "impl", ignore=ignore)
+    shutil.copytree(ROOT / ("kvspec" if kvspec else "impl"), dst / ("kvspec" if kvspec else "impl"), ignore=ignore)
+    if kvspec:  # the probes drive the example user targets
+        shutil.copytree(ROOT / "examples", dst / "examples", ignore=ignore)
     shutil.copytree(ROOT / "tests", dst / "tests", ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", dst / "pyproject.toml")
 
 
 def write_config(path: Path, a, ports: list[int]) -> None:
+    urls = ", ".join(f'"http://localhost:{p}"' for p in ports)
+    if a.modules:
+        path.write_text(
+            "[cosmic-ray]\n"
+            f"module-path = {json.dumps([KVSPEC_MODULES[m][0] for m in a.modules])}\n"
+            f"timeout = {a.timeout:g}\n"
+            "excluded-modules = []\n"
+            f"test-command = {json.dumps(test_command(a.budget, a.modules))}\n\n"
+            "[cosmic-ray.distributor]\n"
+            'name = "http"\n\n'
+            "[cosmic-ray.distributor.http]\n"
+            f"worker-urls = [{urls}]\n")
+        return
     excluded = list(EXCLUDED)
     if a.only:
         excluded += [f"impl/{p.name}" for p in sorted((ROOT / "impl").glob("*.py"))
@@ -175,6 +246,12 @@ def _stage(killed_by: Optional[str]) -> Optional[str]:
         return "kill-suite unit checks"
     if killed_by.startswith("timeout"):
         return "timeout"
+    if killed_by.startswith("tests/mutation/test_kill_kvspec.py"):
+        return "kvspec kill-suite checks"
+    if killed_by.startswith("tests/test_checker_probes.py"):
+        return "checker probes"
+    if killed_by.startswith(("tests/test_minimize.py", "tests/test_mc.py", "tests/test_canonical.py")):
+        return "kvspec unit tests"
     if killed_by.startswith("tests/"):
         return "impl unit tests"
     return "import / collection"
@@ -221,8 +298,8 @@ def summarize(rows: list[dict], equivalents: list[dict], meta: dict) -> dict:
     for eq in equivalents:
         hit = [r for r in survived if _matches(r, eq)]
         (matched if hit else unmatched_eq).append(eq)
-        for r in hit:
-            r["equivalent"] = eq["reason"]
+        for r in hit:  # "gap": a survivor explained but not equivalent (no test kills it): not discounted
+            r["gap" if eq.get("gap") else "equivalent"] = eq["reason"]
     eq_rows = [r for r in survived if r.get("equivalent")]
     adj_den = len(done) - len(eq_rows)
 
@@ -320,6 +397,13 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=90.0, help="cosmic-ray's timeout per mutant (default 90 s)")
     ap.add_argument("--only", help="one file of impl/, e.g. free_queue.py")
     ap.add_argument("--limit", type=int, help="run only the first N mutants (a smoke test of the setup)")
+    ap.add_argument("--module", action="append", dest="modules", choices=sorted(KVSPEC_MODULES),
+                    help="mutate this module of kvspec's own checker instead of impl/ (repeatable); its focused "
+                         "suite is KVSPEC_MODULES[...] (the report goes into a kvspec section of --out/--md)")
+    ap.add_argument("--sample", type=float, help="keep this fraction of the mutants (deterministic: see --seed)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    ap.add_argument("--full", action="append", default=[], choices=sorted(KVSPEC_MODULES),
+                    help="with --sample: a module whose mutants are all kept")
     ap.add_argument("--workdir", help="where the working copies and the session go (default: a temp dir)")
     ap.add_argument("--out", default="reports/mutation.json")
     ap.add_argument("--md", default="reports/mutation.md")
@@ -327,6 +411,10 @@ def main() -> int:
                     help="after the killing suite gained tests: copy this checkout's tests/ into the working copies "
                          "of a previous run's WORKDIR and run its survivors again (killed mutants stay killed: the "
                          "suite only grows)")
+    ap.add_argument("--drop-pending", action="store_true",
+                    help="with --rerun-survivors: first drop the mutants the previous run never got to (it was "
+                         "stopped); the report counts them as not run")
+    ap.add_argument("--note", help="text for the report's notes (e.g. how an earlier pass was stopped)")
     ap.add_argument("--report-only", metavar="JSON", help="re-read a previous --out and rewrite --md (after editing "
                                                           "tests/mutation/equivalent.json); runs nothing")
     a = ap.parse_args()
@@ -335,8 +423,14 @@ def main() -> int:
         prev = json.loads(Path(a.report_only).read_text())
         for r in prev["rows"]:
             r.pop("equivalent", None)
+        if a.modules:  # a kvspec section: re-read that run's entry
+            prev = prev["kvspec"]["+".join(a.modules)]
+            for r in prev["rows"]:
+                r.pop("equivalent", None)
+                r.pop("gap", None)
         meta = {k: prev.get(k) for k in ("command", "passes", "cosmic_ray", "jobs", "budget", "timeout", "seconds",
-                                         "cpus", "test_command", "workdir")}
+                                         "cpus", "test_command", "workdir", "modules", "sample", "seed", "full",
+                                         "started_utc", "copied_from", "not_run")}
         res = summarize(prev["rows"], load_equivalents(), meta)
         res["notes"] = prev.get("notes")
         return _write(res, a)
@@ -345,10 +439,14 @@ def main() -> int:
     from importlib.metadata import version
 
     t0 = time.monotonic()
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     passes = []
+    not_run = 0
     if a.rerun_survivors:
         work = Path(a.rerun_survivors)
         prev = json.loads(Path(a.out).read_text()) if Path(a.out).is_file() else {}
+        if a.modules:
+            prev = (prev.get("kvspec") or {}).get("+".join(a.modules)) or {}
         passes = prev.get("passes") or ([{"command": prev["command"], "seconds": prev["seconds"]}] if prev else [])
         copies = sorted(p for p in work.glob("w*") if p.is_dir())
         cfg, session = work / "cr.toml", work / "session.sqlite"
@@ -360,6 +458,9 @@ def main() -> int:
         ports = _free_ports(len(copies))
         write_config(cfg, a, ports)
         w0 = copies[0]
+        if a.drop_pending:
+            not_run = _drop_pending(session)
+            print(f"[mutate] dropped {not_run} mutants the stopped run never got to", file=sys.stderr)
         n = _forget_survivors(session)
         print(f"[mutate] re-running {n} survivors", file=sys.stderr)
     else:
@@ -369,12 +470,15 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         copies = [work / f"w{i}" for i in range(max(1, a.jobs))]
         for c in copies:
-            make_copy(c)
+            make_copy(c, kvspec=bool(a.modules))
         ports = _free_ports(len(copies))
         cfg, session = work / "cr.toml", work / "session.sqlite"
         write_config(cfg, a, ports)
         w0 = copies[0]
         subprocess.run(cr + ["init", str(cfg), str(session)], cwd=w0, check=True)
+        if a.sample is not None:
+            keep_files = [KVSPEC_MODULES[m][0] for m in a.full]
+            print(f"[mutate] sampled: kept {_keep_sample(session, a.sample, a.seed, keep_files)}", file=sys.stderr)
         if a.limit:
             _keep_first(session, a.limit)
     total = _count(session)
@@ -407,24 +511,45 @@ def main() -> int:
     meta = {"command": passes[0]["command"], "passes": passes, "cosmic_ray": version("cosmic-ray"),
             "jobs": len(copies), "budget": a.budget, "timeout": a.timeout,
             "seconds": round(sum(p["seconds"] for p in passes), 1), "cpus": os.cpu_count(),
-            "test_command": test_command(a.budget), "workdir": str(work)}
+            "test_command": test_command(a.budget, a.modules), "workdir": str(work),
+            "modules": a.modules, "sample": a.sample, "seed": a.seed, "full": a.full,
+            "started_utc": started, "copied_from": _head()}
+    meta["not_run"] = not_run
     res = summarize(rows, load_equivalents(), meta)
+    res["notes"] = a.note
     return _write(res, a)
+
+
+KVSPEC_MARK = "\n<!-- kvspec's own modules: written by tools/mutate.py --module -->\n"
 
 
 def _write(res: dict, a) -> int:
     for r in res["rows"]:  # keep the JSON small: a killed mutant's before/after lines say enough
         if r["outcome"] == "killed":
             r.pop("diff", None)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
-    Path(a.md).write_text(markdown(res))
+    out, md = Path(a.out), Path(a.md)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(out.read_text()) if out.is_file() else {}
+    prev_md = md.read_text() if md.is_file() else ""
+    if getattr(a, "modules", None) or res.get("modules"):
+        # one entry per --module run (runs at different times: some modules change under other work)
+        kv = prev.get("kvspec") or {}
+        kv["+".join(res["modules"])] = res
+        prev["kvspec"] = kv
+        out.write_text(json.dumps(prev, indent=1) + "\n")
+        md.write_text(prev_md.split(KVSPEC_MARK)[0].rstrip("\n") + "\n" + KVSPEC_MARK + kvspec_markdown(kv))
+    else:
+        if "kvspec" in prev:
+            res["kvspec"] = prev["kvspec"]
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        tail = prev_md.split(KVSPEC_MARK)[1] if KVSPEC_MARK in prev_md else ""
+        md.write_text(markdown(res) + (KVSPEC_MARK + tail if tail else ""))
     print(f"{res['killed']}/{res['completed']} mutants killed (raw {100 * (res['score_raw'] or 0):.1f}%, adjusted "
           f"{100 * (res['score_adjusted'] or 0):.1f}% with {res['equivalent']} equivalent) in {res['seconds']:.0f} s; "
           f"wrote {a.out} and {a.md}")
     for r in res["rows"]:
         if r["outcome"] == "survived" and not r.get("equivalent"):
-            print(f"  survived {r['file']}:{r['line']} {r['operator']}: {r['before']!r} -> {r['after']!r}")
+            print(("  explained " if r.get("gap") else "  ") + f"  survived {r['file']}:{r['line']} {r['operator']}: {r['before']!r} -> {r['after']!r}")
     return 0
 
 
@@ -445,6 +570,21 @@ def _forget_survivors(session: Path) -> int:
     return n
 
 
+def _drop_pending(session: Path) -> int:
+    import sqlite3
+
+    con = sqlite3.connect(session)
+    ids = [r[0] for r in con.execute("SELECT job_id FROM work_items WHERE job_id NOT IN "
+                                     "(SELECT job_id FROM work_results)")]
+    con.execute("PRAGMA foreign_keys = ON")
+    for jid in ids:
+        con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
+        con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
+    con.commit()
+    con.close()
+    return len(ids)
+
+
 def _keep_first(session: Path, n: int) -> None:
     import sqlite3
 
@@ -456,6 +596,85 @@ def _keep_first(session: Path, n: int) -> None:
         con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
     con.commit()
     con.close()
+
+
+def _head() -> str:
+    r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "kvspec"], cwd=ROOT, capture_output=True, text=True)
+    return r.stdout.strip() + (" + uncommitted kvspec/ changes" if dirty.stdout.strip() else "")
+
+
+def _keep_sample(session: Path, fraction: float, seed: int, keep_files: list[str]) -> str:
+    """Keep a seeded fraction of the mutants (all of those in keep_files). Deterministic: the
+    mutants are ordered by (file, operator, occurrence), not by cosmic-ray's random job ids."""
+    import random
+    import sqlite3
+
+    con = sqlite3.connect(session)
+    rows = sorted(con.execute("SELECT job_id, module_path, operator_name, occurrence FROM mutation_specs"),
+                  key=lambda r: (r[1], r[2], r[3]))
+    rng = random.Random(seed)
+    drop = [r[0] for r in rows if not (r[1] in keep_files or rng.random() < fraction)]
+    con.execute("PRAGMA foreign_keys = ON")
+    for jid in drop:
+        con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
+        con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
+    con.commit()
+    con.close()
+    return f"{len(rows) - len(drop)}/{len(rows)} (fraction {fraction:g}, seed {seed}, in full: {keep_files or 'none'})"
+
+
+def kvspec_markdown(runs: dict) -> str:
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    out = ["# Mutation testing of kvspec's own checker (invariants, minimizer, mc, canonical keys, session)", "",
+           "Same tool (cosmic-ray 8.7.0, all core operators), run with `--module`: the worker copy holds kvspec/ "
+           "and tests/, and the test command puts the copy first on `PYTHONPATH`, so the mutated kvspec is the one "
+           "imported (impl/ stays the installed one). Each module has a focused killing suite "
+           "(`KVSPEC_MODULES` in tools/mutate.py), cheapest first, `pytest -x`; no torch import (`--noconftest`).",
+           ""]
+    for label, res in runs.items():
+        sampled = (f"a seeded sample: fraction {res['sample']:g}, seed {res['seed']}"
+                   + (f", except {', '.join(res['full'])} in full" if res.get("full") else "")
+                   if res.get("sample") is not None else "every mutant (full run)")
+        out += [f"## Run: {label}", "",
+                f"- Command: `{res['command']}` ({res['seconds']:.0f} s wall, {res['jobs']} worker, started "
+                f"{res.get('started_utc')}, copy of kvspec/ taken from {res.get('copied_from')}).",
+                f"- Mutants: {sampled}"
+                + (f"; {res['not_run']} of them not run (the run was stopped at the deadline; cosmic-ray runs "
+                   f"mutants in random order, so those run are a random subset)" if res.get("not_run") else "") + ".",
+                f"- Test command: `{res.get('test_command', '')}`; cosmic-ray timeout {res['timeout']:g} s.",
+                f"- **Raw: {res['killed']}/{res['completed']} = {pct(res['score_raw'])}**; "
+                f"**adjusted for equivalent mutants: {res['killed']}/{res['completed'] - res['equivalent']} = "
+                f"{pct(res['score_adjusted'])}** ({res['equivalent']} equivalent"
+                f"{', ' + str(res['other']) + ' not completed' if res['other'] else ''}).",
+                "- Killed by: " + ", ".join(f"{k} {v}" for k, v in
+                                            sorted(res["killed_by_stage"].items(), key=lambda kv: -kv[1])) + ".", "",
+                "| file | mutants | killed | survived | of which equivalent | raw | adjusted |",
+                "|---|---|---|---|---|---|---|"]
+        for f, d in res["by_file"].items():
+            den = d["mutants"] - d["equivalent"]
+            out.append(f"| {f} | {d['mutants']} | {d['killed']} | {d['survived']} | {d['equivalent']} | "
+                       f"{pct(d['killed'] / d['mutants'] if d['mutants'] else None)} | "
+                       f"{pct(d['killed'] / den if den else None)} |")
+        eq_rows = [r for r in res["rows"] if r.get("equivalent")]
+        gaps = [r for r in res["rows"] if r.get("gap")]
+        surv = [r for r in res["rows"] if r["outcome"] == "survived" and not r.get("equivalent") and not r.get("gap")]
+        if gaps:
+            out += ["", f"Survivors explained but not equivalent ({len(gaps)}; counted as survivors in both scores):",
+                    "", "| file:line | operator | before | after | why no test kills it |", "|---|---|---|---|---|"]
+            out += [f"| {r['file']}:{r['line']} | {r['operator']} | `{r['before']}` | `{r['after']}` | {r['gap']} |"
+                    for r in gaps]
+        if eq_rows:
+            out += ["", "Survivors judged equivalent (tests/mutation/equivalent.json):", "",
+                    "| file:line | operator | before | after | why |", "|---|---|---|---|---|"]
+            out += [f"| {r['file']}:{r['line']} | {r['operator']} | `{r['before']}` | `{r['after']}` | "
+                    f"{r['equivalent']} |" for r in eq_rows]
+        out += ["", "Survivors not judged equivalent: " + ("none." if not surv else ""), ""]
+        out += [f"- {r['file']}:{r['line']} {r['operator']}: `{r['before']}` -> `{r['after']}`" for r in surv]
+        if res.get("notes"):
+            out += ["", res["notes"]]
+        out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
