@@ -146,7 +146,14 @@ def markdown(data: dict) -> str:
     for level in data["levels"]:
         L.append(f"| {LADDERS[level]['what']} | "
                  + " | ".join(_cell(largest(data["runs"][k].get(level, []))) for k in revs) + " |")
-    L += ["", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load |",
+    L += ["", "The pool level's state space is the same in both revisions (equal state counts per "
+          "configuration), so its row is a speed comparison. The cache levels are not: after "
+          "01dae75 the cache-level state key also holds each request's cached-block count and "
+          "where its last schedule started (two states the old key merged can behave differently), "
+          "and with KV-cache groups the model checker also enumerates chunked, keyed and connector "
+          "admissions, Prefill, drafts and Verify (issue 11). Compare those rows by states per "
+          "second in the table below, not by configuration size.",
+          "", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load |",
           "|---|---|---|---|---|---|---|---|"]
     for k in revs:
         for level in data["levels"]:
