@@ -84,7 +84,9 @@ def _count_fast_steps(monkeypatch):
 @pytest.mark.parametrize("level", ["pool", "cache"])
 def test_same_findings_on_the_unpatched_allocator(level):
     fast = _run(load_target("impl"), level, st.integers(4, 12), examples=40)
-    assert fast > 200  # the incremental path really ran
+    # the incremental path really ran: over a hundred steps (misuse steps, the scheduler's
+    # at cache level included, always take the full path)
+    assert fast > 100
 
 
 @pytest.mark.parametrize("level", ["pool", "cache"])

@@ -392,3 +392,139 @@ def test_a_shared_block_whose_ref_count_missed_a_holder_is_accounting(monkeypatc
     monkeypatch.setattr(impl.BlockPool, "touch", lambda self, blocks: None)  # a hit that takes no reference
     out = run_steps(ImplTarget(), CACHE, [Admit("r1", (1, 2, 11)), Admit("r2", (1, 2, 12))])
     assert out.index == 1 and out.invariant == "ACCOUNTING" and "but 2 tables that hold it" in out.violations[0].message
+
+
+# -- kvspec.spec.fast_check: the incremental check must vouch for correct steps ---------------
+# A check that refuses a clean step only costs time (the session then goes the full way),
+# so a mutant that makes fast_check over-cautious changes no finding: it shows only in
+# Session.fast_steps, the number of steps the incremental check vouched for.
+FAST_POOL = [Alloc(2), Cache((1, 2), ("a", "b")), Free((2,)), Alloc(1), Free((1,)), Lookup("a"), Touch((1,)),
+             Free((1,)), Free((2,)), Alloc(3), Reset()]
+FAST_CACHE = [Admit("r1", (1, 2, 11, 12, 21, 22, 31)), Step("r1", 5), Step("r1", 6), Admit("r2", (1, 2, 11, 12, 21, 9)),
+              Step("r2", 7), Finish("r1"), Admit("r3", (1, 2, 11, 12, 21, 22, 31, 5, 6)), Preempt("r2")]
+
+
+@pytest.mark.parametrize("level", ["pool", "cache"])
+def test_the_incremental_check_vouches_for_every_step_of_a_clean_run(level):
+    config, steps = (POOL, FAST_POOL) if level == "pool" else (Config(level="cache", num_blocks=12, block_size=2), FAST_CACHE)
+    s = Session(_plain(ImplTarget()), config, incremental=True)
+    assert s.incremental
+    assert [(op, s.apply(op)) for op in steps] == [(op, []) for op in steps]
+    assert s.fast_steps == len(steps)
+
+
+def test_a_hashed_block_past_the_reported_computed_count_is_i3_in_both_modes():
+    # The target hashes r1's two full blocks but reports 3 computed tokens, not 5: block 1
+    # holds only 1 of them. Only the I3 check reads rs.computed; the model hashes both too.
+    big = Config(level="cache", num_blocks=12, block_size=2)
+    for incremental in (False, True):
+        s = Session(_plain(ImplTarget()), big, incremental=incremental)
+        orig = s.driver.apply
+
+        def apply_low(op, drv=s.driver, orig=orig):
+            r = orig(op)
+            drv.reqs[op.req].num_computed_tokens -= 2
+            return r
+
+        s.driver.apply = apply_low
+        assert [v.invariant for v in s.apply(Admit("r1", (1, 2, 11, 12, 21)))][:1] == ["I3"], incremental
+
+
+# -- kvspec.mc.canonical ---------------------------------------------------------------------
+def _key(config, steps, symmetry=True, target=None):
+    from kvspec.mc.canonical import state_key
+
+    s = Session(target or ImplTarget(), config)
+    lens = {}
+    for op in steps:
+        assert not s.apply(op), op
+        lens[op.req] = len(op.prompt)
+    return state_key(s, {"prompt_lens": lens}, symmetry)
+
+
+def test_requests_admitted_in_another_order_under_swapped_names_share_a_key():
+    # r1 (1, 2) then r2 (5, 6), against r1 (5, 6) then r2 (1, 2): the same state with the
+    # requests and their blocks renamed, but dict (admission) order ranks them differently.
+    a, b = [Admit("r1", (1, 2)), Admit("r2", (5, 6))], [Admit("r1", (5, 6)), Admit("r2", (1, 2))]
+    assert _key(CACHE, a) == _key(CACHE, b)
+    assert _key(CACHE, a, symmetry=False) != _key(CACHE, b, symmetry=False)
+
+
+def test_a_key_reads_every_kv_cache_groups_table():
+    # With a sliding-window group, each request has a second table (GroupReq.more).
+    cfg = Config(level="cache", num_blocks=9, block_size=2, kv_groups="full,swa:4")
+    one, other = _key(cfg, [Admit("r1", (1, 2, 11))]), _key(cfg, [Admit("r1", (1, 2, 12))])
+    assert one != other and _key(cfg, [Admit("r7", (1, 2, 11))]) == one
+
+
+def test_an_observation_with_more_blocks_than_the_pool_keeps_them_in_the_key():
+    # A target showing a block past the configured pool: states that differ only in it
+    # must not share a key (nothing else flags the extra block).
+    from dataclasses import replace
+
+    from kvspec.mc.canonical import cache_key
+    from kvspec.spec.observation import BlockState
+
+    s = Session(ImplTarget(), CACHE)
+    s.apply(Admit("r1", (1, 2, 11)))
+    obs = s.obs
+    free, held = (replace(obs, blocks=tuple(obs.blocks) + (BlockState(r, None, not r),)) for r in (0, 1))
+    assert cache_key(s.model, free, s.hashes, s.shadow, {"r1": 3}) != cache_key(s.model, held, s.hashes, s.shadow, {"r1": 3})
+
+
+# -- kvspec.mc.search ------------------------------------------------------------------------
+def test_the_memory_cap_stops_a_search_that_grew_past_it(monkeypatch):
+    # The process seems to grow by 3 GiB once the search starts: a 2 GiB cap must stop it
+    # (at the first memory look, 64 expanded states in) as incomplete, with its rates reported.
+    from kvspec.mc import search
+
+    calls = []
+    monkeypatch.setattr(search, "rss_bytes", lambda: 0 if calls.append(1) or len(calls) == 1 else 3 * 2**30)
+    res = search.model_check(ImplTarget(), POOL, 4, mem_cap_gib=2.0)
+    assert res.verdict == "incomplete" and res.reason.startswith("memory cap of 2 GiB"), (res.verdict, res.reason)
+    d = res.to_dict()
+    assert d["transitions_per_second"] == round(res.transitions / res.seconds, 1) and d["peak_rss_mib"] == 3 * 2**10
+
+
+def test_rss_bytes_reads_whole_pages_of_a_live_process():
+    import os
+
+    from kvspec.mc.search import rss_bytes
+
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("rss_bytes reads Linux's /proc/self/statm, absent here")
+    rss = rss_bytes()
+    assert rss >= 2**20 and rss % os.sysconf("SC_PAGE_SIZE") == 0   # a Python process holds over 1 MiB
+
+
+def test_a_search_for_one_invariant_matches_only_the_first_failure_at_construction(monkeypatch):
+    # A pool built with a queued block whose ref_cnt is 1 fails at once, first I1, then others.
+    from kvspec import impl
+    from kvspec.mc.search import model_check
+
+    orig = impl.BlockPool.__init__
+
+    def held_but_queued(self, *a, **k):
+        orig(self, *a, **k)
+        self.blocks[2].ref_cnt = 1
+
+    monkeypatch.setattr(impl.BlockPool, "__init__", held_but_queued)
+    first = Session(ImplTarget(), POOL).initial
+    assert first[0].invariant == "I1" and first[-1].invariant != "I1"
+    hit = model_check(ImplTarget(), POOL, 2, invariant="I1")
+    assert hit.verdict == "violation" and hit.counterexample == [] and hit.invariant == "I1"
+    # a search for an invariant that is not the first (whatever its name's order) finds nothing
+    assert model_check(ImplTarget(), POOL, 2, invariant="I4").verdict == "pass"
+
+
+def test_pool_searches_compute_each_states_enabled_ops_once_per_ops_key(monkeypatch):
+    # Only speed rides on the memo (a miss recomputes the same ops), so count the misses.
+    from kvspec.mc import search
+
+    keys, calls = [], []
+    orig_key, orig_ops = search._pool_ops_key, search.enabled_ops
+    monkeypatch.setattr(search, "_pool_ops_key", lambda *a: keys.append(orig_key(*a)) or keys[-1])
+    monkeypatch.setattr(search, "enabled_ops", lambda *a, **k: calls.append(1) or orig_ops(*a, **k))
+    res = search.model_check(ImplTarget(), POOL, 4)  # depth 4: 103 lookups of 90 ops keys
+    assert res.verdict == "pass" and None not in keys
+    assert len(calls) == len(set(keys)) < len(keys)
