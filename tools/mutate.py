@@ -570,32 +570,28 @@ def _forget_survivors(session: Path) -> int:
     return n
 
 
-def _drop_pending(session: Path) -> int:
+def _delete_jobs(session: Path, query: str) -> list:
+    """Delete from cosmic-ray's session the jobs ``query`` selects (one job_id column)."""
     import sqlite3
 
     con = sqlite3.connect(session)
-    ids = [r[0] for r in con.execute("SELECT job_id FROM work_items WHERE job_id NOT IN "
-                                     "(SELECT job_id FROM work_results)")]
+    ids = [r[0] for r in con.execute(query)]
     con.execute("PRAGMA foreign_keys = ON")
     for jid in ids:
         con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
         con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
     con.commit()
     con.close()
-    return len(ids)
+    return ids
+
+
+def _drop_pending(session: Path) -> int:
+    return len(_delete_jobs(session, "SELECT job_id FROM work_items WHERE job_id NOT IN "
+                                     "(SELECT job_id FROM work_results)"))
 
 
 def _keep_first(session: Path, n: int) -> None:
-    import sqlite3
-
-    con = sqlite3.connect(session)
-    ids = [r[0] for r in con.execute("SELECT job_id FROM work_items ORDER BY rowid")][n:]
-    con.execute("PRAGMA foreign_keys = ON")
-    for jid in ids:
-        con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
-        con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
-    con.commit()
-    con.close()
+    _delete_jobs(session, f"SELECT job_id FROM work_items ORDER BY rowid LIMIT -1 OFFSET {int(n)}")
 
 
 def _head() -> str:

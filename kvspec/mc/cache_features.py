@@ -11,27 +11,22 @@ from dataclasses import replace
 from typing import Optional, Sequence
 
 from kvspec.spec.config import Config
+from kvspec.mc.prompts import chunks, default_prompts
 from kvspec.spec.ops import Admit, Op, Prefill, Step, Verify
-
-
-def _chunks(block_size: int) -> list[tuple[int, ...]]:
-    from kvspec.mc.enumerate_ops import chunks   # enumerate_ops imports this module
-    return chunks(block_size)
 
 
 def feature_prompts(block_size: int) -> tuple[tuple[int, ...], ...]:
     """``default_prompts`` and ``A B C``: three blocks, so that at block size 2 a window of
     4 tokens leaves a block behind within one request (window freeing, connector tokens
     behind the window, a hit one group cannot take)."""
-    from kvspec.mc.enumerate_ops import default_prompts
-    a, b, c = _chunks(block_size)
+    a, b, c = chunks(block_size)
     return default_prompts(block_size) + (a + b + c,)
 
 
 def default_drafts(block_size: int) -> tuple[tuple[int, ...], ...]:
     """Draft tokens of a Step: one, and a block's worth (at least two; chunk B's tokens, as
     the decode tokens, then C's): enough to fill a block and to need a slot past the table."""
-    _, b, c = _chunks(block_size)
+    _, b, c = chunks(block_size)
     return tuple(dict.fromkeys(((b[0],), (b + c)[:max(2, block_size)])))
 
 
