@@ -110,7 +110,7 @@ def test_sessions_stay_apart_from_the_full_path_only_where_they_must():
     """A long clean run goes the incremental way; a violation goes the full way, and the
     session resumes incremental checking afterwards."""
     target = load_target("impl", patch=str(CORPUS / "no_evict.diff"))
-    from kvspec.spec.ops import Alloc, Cache, Free, Touch
+    from kvspec.spec.ops import Alloc, Cache, Free
 
     s = Session(target, Config(level="pool", num_blocks=6), incremental=True)
     ops = [Alloc(2), Cache((1, 2), ("a", "b")), Free((2, 1))]

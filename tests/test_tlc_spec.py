@@ -9,7 +9,6 @@ benchmarks/tlc/tlc_runner.py); skips, saying why, where either cannot be had.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 

@@ -18,7 +18,7 @@ from typing import Hashable, Optional
 from kvspec.spec.config import Config
 from kvspec.spec.model.cache import CacheModel, ReqModel
 from kvspec.spec.model.groups import Extra, agreed_hit, cdiv, needed_blocks, parse_extra, parse_groups
-from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
+from kvspec.spec.ops import Admit, Op, Prefill, Step, Verify
 
 
 @dataclass
