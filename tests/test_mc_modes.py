@@ -115,6 +115,44 @@ def test_two_workers_find_the_same_shortest_counterexample(bug, level):
     assert confirm(t, cfg, two)
 
 
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Split every level of two states or more, in chunks of one state: the small
+    configurations below then go through the forked workers, the shared counter and
+    the chunk-order merge (by default a level under 64 states is expanded in one process)."""
+    from kvspec.mc import parallel
+    monkeypatch.setattr(parallel, "MIN_SLICE", 1)
+    monkeypatch.setattr(parallel, "MIN_CHUNK", 1)
+
+
+def test_split_levels_see_the_same_states(impl, tiny_chunks):
+    one = model_check(impl, pool(4), 5)
+    two = model_check(impl, pool(4), 5, workers=2)
+    three = model_check(impl, pool(4), 5, workers=3)
+    assert two.split_levels >= 4 and three.split_levels >= 4   # every level from the second on
+    for r in (two, three):
+        assert same(one, r) and one.transitions == r.transitions
+
+
+@pytest.mark.parametrize("bug,level", [("no_evict", "pool"), ("stale_index", "pool"), ("free_forward", "cache")])
+def test_split_levels_find_the_same_shortest_counterexample(bug, level, tiny_chunks):
+    t = patched(bug)
+    cfg = pool(3) if level == "pool" else cache(3)
+    one = model_check(t, cfg, 6)
+    two = model_check(t, cfg, 6, workers=2)
+    assert one.verdict == "violation" and two.split_levels >= 1
+    assert same(one, two) and one.transitions == two.transitions
+    assert confirm(t, cfg, two)
+
+
+def test_the_default_split_keeps_small_levels_in_one_process(impl):
+    from kvspec.mc import parallel
+    r = model_check(impl, pool(4), 5, workers=2)
+    # level d expands the states found at depth d - 1 (r.levels[d - 1])
+    wide = [n for n in r.levels[:5] if n >= 2 * parallel.MIN_SLICE]
+    assert r.workers == 2 and 0 < len(wide) < 5 and r.split_levels == len(wide)
+
+
 # -- the flags ----------------------------------------------------------------------------
 def test_cli_symmetry_fork_workers_flags(capsys):
     out = {}
@@ -134,3 +172,26 @@ def test_cli_symmetry_fork_workers_flags(capsys):
 def test_cli_bad_flags_are_one_line_exit_2(args, needle):
     r = subprocess.run([sys.executable, "-m", "kvspec.cli", "mc", *args], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr and needle in r.stderr
+
+
+# -- what the model says of each enabled op, asked once per set of ops ----------------------
+@pytest.mark.parametrize("level,symmetry", [("pool", True), ("pool", False), ("cache", True)])
+def test_the_misuse_answers_handed_to_apply_are_the_models_own(monkeypatch, impl, level, symmetry):
+    """The search asks ``misuse_reason`` once per (remembered) list of enabled ops and
+    hands the answers to ``Session.apply``; each must be what the model says in the
+    very state the op is applied in."""
+    from kvspec.check.session import ASK, Session
+    from kvspec.mc.enumerate_ops import Bounds
+    real = Session.apply
+    handed = []
+
+    def apply(self, op, misuse=ASK):
+        if misuse is not ASK:
+            handed.append(op)
+            assert misuse == self.model.misuse_reason(op), op
+        return real(self, op, misuse)
+
+    monkeypatch.setattr(Session, "apply", apply)
+    cfg = pool(4) if level == "pool" else cache(3)
+    r = model_check(impl, cfg, 4, Bounds(symmetry=symmetry, misuse=True))
+    assert r.verdict == "pass" and len(handed) == r.transitions > 100

@@ -41,6 +41,7 @@ from kvspec.check.watchdog import OpTimeout
 
 
 INCREMENTAL_MIN_BLOCKS = 64
+ASK = object()   # Session.apply's default ``misuse``: ask the model
 
 
 def _want_incremental(config: Config, incremental: Optional[bool]) -> bool:
@@ -172,13 +173,18 @@ class Session:
     def misuse_reason(self, op: Op) -> Optional[str]:
         return self.model.misuse_reason(op)
 
-    def apply(self, op: Op) -> list[Violation]:
-        """Run ``op`` on target and model; return the violations it exposed (most specific first)."""
+    def apply(self, op: Op, misuse: Any = ASK) -> list[Violation]:
+        """Run ``op`` on target and model; return the violations it exposed (most specific first).
+
+        ``misuse``: what ``self.model.misuse_reason(op)`` returns in the model's present
+        state, when the caller already has it (the model checker asks once per set of
+        enabled ops, ``kvspec.mc.search``); by default the model is asked here."""
         live = self._live if self.incremental else None
         if live is not None:
             pool = self._arm_model()
             q_before, qlen_before = pool.queue, len(pool.queue)
-        misuse = self.model.misuse_reason(op)
+        if misuse is ASK:
+            misuse = self.model.misuse_reason(op)
         error: Optional[BaseException] = None
         result: Any = None
         if self.dead:

@@ -115,6 +115,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from kvspec.mc.canonical import KeyMemo, compact, state_key
+from kvspec.mc.collector import fewer_collections
 from kvspec.spec.config import Config
 from kvspec.mc.enumerate_ops import Bounds, enabled_ops
 from kvspec.spec.ops import Admit, Finish, Op
@@ -146,6 +147,7 @@ class MCResult:
     check_once: bool = False           # state invariants run once per distinct state
     state_checks: int = 0              # how often they ran (the initial state's not counted)
     workers: int = 1                   # processes of a parallel search (kvspec.mc.parallel)
+    split_levels: int = 0              # levels it expanded over more than one process
     peak_rss_mib: float = 0.0
     repro: Optional[str] = None
     replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
@@ -176,7 +178,7 @@ class MCResult:
             "repro": self.repro, "replayed": self.replayed, "config": self.config.to_dict(),
             "bounds": self.bounds.to_dict(), "levels": self.levels, "pruned": self.pruned, "fork": self.fork,
             "fork_fallbacks": self.fork_fallbacks, "check_once": self.check_once, "state_checks": self.state_checks,
-            "workers": self.workers,
+            "workers": self.workers, "split_levels": self.split_levels,
             "peak_rss_mib": round(self.peak_rss_mib, 1),
         }
 
@@ -202,6 +204,23 @@ def _pool_ops_key(m: Any, used: Any, labels: tuple) -> Optional[bytes]:
                               [x in used for x in labels], len(m.index)), 2)
     except ValueError:
         return None   # a model hash marshal cannot write
+
+
+class EnabledOps(list):
+    """The ops a state enables, with ``misuses``: what the model's ``misuse_reason`` says
+    of each, asked once when the list is made and handed to ``Session.apply``. At pool
+    level a list is remembered under ``_pool_ops_key``, which holds everything
+    ``PoolModel.misuse_reason`` reads besides the fixed config (ref counts, hashes, the
+    free count), so the answers hold for every state that finds the list there."""
+
+    misuses: tuple = ()
+
+
+def _enabled(model: Any, ops: list[Op], unsupported: Any) -> EnabledOps:
+    # ops the target has no API for are never tried (Traits.unsupported_ops)
+    out = EnabledOps([op for op in ops if type(op).__name__ not in unsupported] if unsupported else ops)
+    out.misuses = tuple([model.misuse_reason(op) for op in out])
+    return out
 
 
 def _next_extra(extra: dict, op: Op) -> dict:
@@ -247,6 +266,15 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
 
     Returns the first (so shortest) failing path as ``counterexample``; with
     ``invariant``, only a failure whose first invariant is that one counts."""
+    with fewer_collections():   # (kvspec.mc.collector: a fifth of the CPU time otherwise)
+        return _search(target, config, depth, bounds, time_cap=time_cap, mem_cap_gib=mem_cap_gib,
+                       progress=progress, invariant=invariant, fork=fork, key_memo=key_memo,
+                       max_states=max_states, check_once=check_once, workers=workers)
+
+
+def _search(target: Target, config: Config, depth: int, bounds: Optional[Bounds], *, time_cap: float,
+            mem_cap_gib: float, progress: bool, invariant: Optional[str], fork: str, key_memo: Optional[bool],
+            max_states: Optional[int], check_once: bool, workers: int) -> MCResult:
     bounds = bounds or Bounds()
     if config.level not in target.traits.levels:
         raise TargetError(f"target {target.name} does not support the {config.level} level")
@@ -283,20 +311,19 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
 
     ops_memo: dict = {}
 
-    def ops_of(s: Session, extra: dict) -> list[Op]:
+    def ops_of(s: Session, extra: dict) -> EnabledOps:
         if cache:
-            ops = enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
-                              prompt_lens=extra["prompt_lens"])
+            ops = _enabled(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+                                                prompt_lens=extra["prompt_lens"]), unsupported)
         else:
             m = s.model
             mk = _pool_ops_key(m, s.hashes.k2t, bounds.labels)
             ops = ops_memo.get(mk) if mk is not None else None
             if ops is None:
-                ops = enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys())
+                ops = _enabled(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
                 if mk is not None and len(ops_memo) < 1 << 16:
                     ops_memo[mk] = ops
-        # ops the target has no API for are never tried (Traits.unsupported_ops)
-        return [op for op in ops if type(op).__name__ not in unsupported] if unsupported else ops
+        return ops
 
     sym = bounds.symmetry
     forker = choose_fork(s0, ops_of(s0, extra0)[:3], fork)
@@ -343,12 +370,13 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
         for saved, obs, extra, idx in frontier:
             base = forker.load(saved, obs)
             ops = ops_of(base, extra)
+            misuses = ops.misuses
             for i, op in enumerate(ops):
                 s = base if i == 0 else forker.load(saved, obs)   # each op from the saved state
                 res.transitions += 1
                 if checker is not None:
                     checker.reset()
-                found = s.apply(op)
+                found = s.apply(op, misuses[i])
                 if found and checker is not None:
                     found = checker.state_violations() or found   # a failing step: every check, as check_step
                 if found:
