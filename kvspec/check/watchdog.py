@@ -114,11 +114,14 @@ def _main_thread_ok() -> bool:
 
 
 _MAIN = threading.main_thread()
+_MAIN_IDENT = _MAIN.ident   # compared with threading.get_ident() on every call (a C call, cheap)
+_get_ident = threading.get_ident
 
 
 def _after_fork() -> None:  # a forked child (kvspec check --jobs) has no watchdog thread yet
-    global _watcher, _MAIN, _active
+    global _watcher, _MAIN, _MAIN_IDENT, _active
     _watcher, _active, _MAIN = None, None, threading.main_thread()
+    _MAIN_IDENT = _MAIN.ident
 
 
 if hasattr(os, "register_at_fork"):
@@ -130,7 +133,7 @@ def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
     global _active, _seq
     if not seconds:
         return fn(*args)
-    if (_watcher is None or threading.current_thread() is not _MAIN) and not _main_thread_ok():
+    if (_watcher is None or _get_ident() != _MAIN_IDENT) and not _main_thread_ok():
         return _in_thread(seconds, fn, args)
     _seq += 1
     _active = (_seq, time.monotonic() + seconds, seconds)

@@ -81,13 +81,30 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
             problems.append("the walk does not end: the links form a cycle")
         elif tail.prev_free_block is not prev:
             problems.append("the tail sentinel's prev link does not point at the last block")
+    # One pass over the blocks: each block's shared BlockState (see _block_state), and
+    # I1's other half: a block out of the queue keeps no links into it.
     queued = set(queue)
-    blocks = tuple([_block_state(b.ref_cnt, b.block_hash, b.block_id in queued) for b in pool.blocks])
-    for b in pool.blocks:  # I1's other half: a block out of the queue keeps no links into it
-        if b.block_id not in queued and (getattr(b, "prev_free_block", None) is not None
-                                         or getattr(b, "next_free_block", None) is not None):
-            problems.append(f"block {b.block_id} is not in the free queue but still has prev/next links")
-            break
+    states = []
+    add = states.append
+    shared = _BLOCK_STATES.get
+    linked = None
+    for b in pool.blocks:
+        i = b.block_id
+        q_ = i in queued
+        ref, h = b.ref_cnt, b.block_hash
+        try:
+            st = shared((ref, h, q_))
+        except TypeError:   # an unhashable hash value
+            st = None
+        if st is None or type(st.ref) is not type(ref):
+            st = _block_state(ref, h, q_)
+        add(st)
+        if not q_ and linked is None and (getattr(b, "prev_free_block", None) is not None
+                                          or getattr(b, "next_free_block", None) is not None):
+            linked = i
+    if linked is not None:
+        problems.append(f"block {linked} is not in the free queue but still has prev/next links")
+    blocks = tuple(states)
     index = {h: tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
              for h, m in _index_items(pool.cached_block_hash_to_block)}
     null = pool.null_block.block_id if getattr(pool, "null_block", None) is not None else None
