@@ -145,6 +145,20 @@ def test_split_levels_find_the_same_shortest_counterexample(bug, level, tiny_chu
     assert confirm(t, cfg, two)
 
 
+def test_a_failing_worker_is_reported_not_lost(impl, tiny_chunks, monkeypatch):
+    from kvspec.mc import parallel
+    real = parallel._share
+
+    def share():
+        if parallel._LEVEL["in_child"]:   # a forked worker, whatever it would have claimed
+            raise ValueError("boom in a worker")
+        return real()
+
+    monkeypatch.setattr(parallel, "_share", share)
+    with pytest.raises(RuntimeError, match="a worker process failed: ValueError: boom in a worker"):
+        model_check(impl, pool(4), 5, workers=2)
+
+
 def test_the_default_split_keeps_small_levels_in_one_process(impl):
     from kvspec.mc import parallel
     r = model_check(impl, pool(4), 5, workers=2)

@@ -285,10 +285,28 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, key_of: C
             shares = [_share()]
         else:
             # k - 1 forked workers (forked now, so they see this level as it is) and the
-            # search itself, in its own warm process, claim chunks from one counter.
-            with ctx.Pool(k - 1, initializer=_in_child) as pool:
-                rest = pool.map_async(_call_share, range(k - 1), chunksize=1)
-                shares = [_share()] + rest.get()
+            # search itself, in its own warm process, claim chunks from one counter. Plain
+            # processes and pipes, not a Pool: a Pool's three handler threads would share
+            # the search's interpreter while it expands its own chunks.
+            procs = []
+            for _ in range(k - 1):
+                recv, send = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_worker, args=(send,), daemon=True)
+                p.start()
+                send.close()
+                procs.append((p, recv))
+            shares = [_share()]
+            for p, recv in procs:
+                try:
+                    status, payload = recv.recv()
+                except EOFError:
+                    payload, status = f"it exited with code {p.exitcode}", "died"
+                finally:
+                    recv.close()
+                    p.join()
+                if status != "ok":
+                    raise RuntimeError(f"kvspec mc: a worker process failed: {payload}")
+                shares.append(payload)
         by_chunk = {c: r for sh in shares for c, r in sh["chunks"].items()}
         # in chunk order, the one-process order; a chunk nobody claimed lies past a
         # finding (the merge stops before it) or a timeout, and reads as one
@@ -298,12 +316,16 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, key_of: C
         _LEVEL.clear()
 
 
-def _in_child() -> None:
-    _LEVEL["in_child"] = True   # a forked worker: the states it finds travel back pickled
-
-
-def _call_share(_: int) -> dict:
-    return _share()
+def _worker(send: Any) -> None:
+    """A forked worker: its share of the level, sent back whole (the states it finds
+    travel pickled, see ``_expand``)."""
+    _LEVEL["in_child"] = True
+    try:
+        out: tuple = ("ok", _share())
+    except BaseException as e:   # said in the search's process, which raises it
+        out = ("error", f"{type(e).__name__}: {e}")
+    send.send(out)
+    send.close()
 
 
 def can_send(forker: Fork, s0: Session) -> bool:
