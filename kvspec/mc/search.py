@@ -95,6 +95,13 @@ same (immutable) ops, so the order of transitions does not change.
 ``workers=N`` (``kvspec mc --workers N``) runs the same search level by level over N
 processes (``kvspec.mc.parallel``), with the same states and counterexample.
 
+What the model says of each enabled op (``misuse_reason``) is asked once, when the list
+of ops is made (``EnabledOps``), and handed to ``Session.apply`` with the op: every op
+of the list is applied in the very model state the list was made in (the pool level's
+remembered lists: in a state with the same ``_pool_ops_key``, which holds all that
+``misuse_reason`` reads). tests/test_mc_modes.py compares each answer with the model's
+own. The search runs with fewer cyclic garbage collections (``kvspec.mc.collector``).
+
 Counting: ``states`` are distinct canonical states (the initial one included), each
 reached and checked; ``transitions`` are the ops tried, each one a real step of the
 target plus its checks (all of them with ``check_once=False``); ``states_per_second`` is states / wall seconds of
