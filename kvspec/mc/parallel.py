@@ -52,7 +52,7 @@ from kvspec.spec.ops import Op
 _LEVEL: dict[str, Any] = {}
 MIN_SLICE = 32            # frontier states per process, at least, before a level is split
 MIN_CHUNK = 8             # frontier states per chunk, at least
-CHUNKS_PER_PROCESS = 8    # chunks per process: enough to even out their speeds, few enough to cost nothing
+CHUNKS_PER_PROCESS = 32    # chunks per process: enough to even out their speeds, few enough to cost nothing
 
 
 def registry(forker: Fork) -> dict[int, Any]:
