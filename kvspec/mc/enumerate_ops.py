@@ -56,7 +56,9 @@ New requests get fresh ids ``r1, r2, ...`` in order of admission (as the machine
 ``next_request`` says which number is next.
 
 Misuse is excluded: every op returned is valid in the model's state (``misuse_reason``
-is None), unless ``Bounds.misuse`` asks for the pool-level misuse calls too.
+is None), unless ``Bounds.misuse`` asks for the pool-level misuse calls too. The search
+keeps the model's answer for each op beside the list (``with_misuses``,
+``EnabledOps``) and remembers pool-level lists under ``pool_ops_key``.
 
 Symmetry (``Bounds.symmetry``, on by default): where two ops are images of each other
 under a permutation that maps the state to itself, only one is listed. The
@@ -71,8 +73,9 @@ representative of every orbit.
 """
 from __future__ import annotations
 
+import marshal
 from dataclasses import dataclass, replace
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from kvspec.spec.config import Config
 from kvspec.mc.prompts import chunks, default_prompts, default_step_tokens  # noqa: F401 (re-exported)
@@ -376,3 +379,35 @@ def enabled_ops(model, config: Config, bounds: Bounds = Bounds(), **extra) -> li
         return enabled_cache_ops(model, config, bounds, **{k: v for k, v in extra.items()
                                                            if k in ("next_request", "prompt_lens")})
     return enabled_pool_ops(model, config, bounds, **{k: v for k, v in extra.items() if k == "used_labels"})
+
+
+# -- what the search remembers of a state's ops ---------------------------------------
+def pool_ops_key(m: Any, used: Any, labels: tuple) -> Optional[bytes]:
+    """What ``enabled_pool_ops`` reads of a state, besides the search's fixed config and
+    bounds: the model's ref counts and hashes, its queue's length, which labels its index
+    holds and which labels the hash history has seen (as sets: it only asks ``in``).
+    Equal bytes, equal inputs, so the same ops (immutable) are handed out again."""
+    if type(m.ref) is not list or type(m.hash) is not list:
+        return None   # the incremental session's TrackedLists: no memo
+    try:
+        return marshal.dumps((m.ref, m.hash, len(m.queue), [x in m.index for x in labels],
+                              [x in used for x in labels], len(m.index)), 2)
+    except ValueError:
+        return None   # a model hash marshal cannot write
+
+
+class EnabledOps(list):
+    """The ops a state enables, with ``misuses``: what the model's ``misuse_reason`` says
+    of each, asked once when the list is made and handed to ``Session.apply``. At pool
+    level a list is remembered under ``pool_ops_key``, which holds everything
+    ``PoolModel.misuse_reason`` reads besides the fixed config (ref counts, hashes, the
+    free count), so the answers hold for every state that finds the list there."""
+
+    misuses: tuple = ()
+
+
+def with_misuses(model: Any, ops: list[Op], unsupported: Any) -> EnabledOps:
+    # ops the target has no API for are never tried (Traits.unsupported_ops)
+    out = EnabledOps([op for op in ops if type(op).__name__ not in unsupported] if unsupported else ops)
+    out.misuses = tuple([model.misuse_reason(op) for op in out])
+    return out

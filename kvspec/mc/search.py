@@ -89,7 +89,7 @@ that check would, and on any doubt the catalogue's checks run, so every step is 
 checked by (the equivalent of) every transition check, and a finding is theirs word
 for word (tests/test_fast_pool.py holds the pass to the catalogue and shows each of
 its conditions matters). The enabled ops of a pool-level state are remembered under
-what ``enabled_pool_ops`` reads of it (``_pool_ops_key``): the same inputs give the
+what ``enabled_pool_ops`` reads of it (``enumerate_ops.pool_ops_key``): the same inputs give the
 same (immutable) ops, so the order of transitions does not change.
 
 ``workers=N`` (``kvspec mc --workers N``) runs the same search level by level over N
@@ -98,7 +98,7 @@ processes (``kvspec.mc.parallel``), with the same states and counterexample.
 What the model says of each enabled op (``misuse_reason``) is asked once, when the list
 of ops is made (``EnabledOps``), and handed to ``Session.apply`` with the op: every op
 of the list is applied in the very model state the list was made in (the pool level's
-remembered lists: in a state with the same ``_pool_ops_key``, which holds all that
+remembered lists: in a state with the same ``enumerate_ops.pool_ops_key``, which holds all that
 ``misuse_reason`` reads). tests/test_mc_modes.py compares each answer with the model's
 own. The search runs with fewer cyclic garbage collections (``kvspec.mc.collector``).
 
@@ -114,7 +114,6 @@ how far the search got.
 """
 from __future__ import annotations
 
-import marshal
 import os
 import sys
 import time
@@ -124,7 +123,8 @@ from typing import Any, Optional
 from kvspec.mc.canonical import KeyMemo, compact, state_key
 from kvspec.mc.collector import fewer_collections
 from kvspec.spec.config import Config
-from kvspec.mc.enumerate_ops import Bounds, enabled_ops
+from kvspec.mc.enumerate_ops import Bounds, EnabledOps, enabled_ops, with_misuses
+from kvspec.mc.enumerate_ops import pool_ops_key as _pool_ops_key
 from kvspec.spec.ops import Admit, Finish, Op
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target, TargetError
@@ -197,37 +197,6 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def _pool_ops_key(m: Any, used: Any, labels: tuple) -> Optional[bytes]:
-    """What ``enabled_pool_ops`` reads of a state, besides the search's fixed config and
-    bounds: the model's ref counts and hashes, its queue's length, which labels its index
-    holds and which labels the hash history has seen (as sets: it only asks ``in``).
-    Equal bytes, equal inputs, so the same ops (immutable) are handed out again."""
-    if type(m.ref) is not list or type(m.hash) is not list:
-        return None   # the incremental session's TrackedLists: no memo
-    try:
-        return marshal.dumps((m.ref, m.hash, len(m.queue), [x in m.index for x in labels],
-                              [x in used for x in labels], len(m.index)), 2)
-    except ValueError:
-        return None   # a model hash marshal cannot write
-
-
-class EnabledOps(list):
-    """The ops a state enables, with ``misuses``: what the model's ``misuse_reason`` says
-    of each, asked once when the list is made and handed to ``Session.apply``. At pool
-    level a list is remembered under ``_pool_ops_key``, which holds everything
-    ``PoolModel.misuse_reason`` reads besides the fixed config (ref counts, hashes, the
-    free count), so the answers hold for every state that finds the list there."""
-
-    misuses: tuple = ()
-
-
-def _enabled(model: Any, ops: list[Op], unsupported: Any) -> EnabledOps:
-    # ops the target has no API for are never tried (Traits.unsupported_ops)
-    out = EnabledOps([op for op in ops if type(op).__name__ not in unsupported] if unsupported else ops)
-    out.misuses = tuple([model.misuse_reason(op) for op in out])
-    return out
 
 
 def _next_extra(extra: dict, op: Op) -> dict:
@@ -320,14 +289,14 @@ def _search(target: Target, config: Config, depth: int, bounds: Optional[Bounds]
 
     def ops_of(s: Session, extra: dict) -> EnabledOps:
         if cache:
-            ops = _enabled(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+            ops = with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
                                                 prompt_lens=extra["prompt_lens"]), unsupported)
         else:
             m = s.model
             mk = _pool_ops_key(m, s.hashes.k2t, bounds.labels)
             ops = ops_memo.get(mk) if mk is not None else None
             if ops is None:
-                ops = _enabled(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
+                ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
                 if mk is not None and len(ops_memo) < 1 << 16:
                     ops_memo[mk] = ops
         return ops
