@@ -99,13 +99,18 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
         if st is None or type(st.ref) is not type(ref):
             st = _block_state(ref, h, q_)
         add(st)
-        if not q_ and linked is None and (getattr(b, "prev_free_block", None) is not None
-                                          or getattr(b, "next_free_block", None) is not None):
-            linked = i
+        if not q_ and linked is None:
+            try:
+                out_linked = b.prev_free_block is not None or b.next_free_block is not None
+            except AttributeError:   # a block class without link attributes
+                out_linked = getattr(b, "prev_free_block", None) is not None \
+                    or getattr(b, "next_free_block", None) is not None
+            if out_linked:
+                linked = i
     if linked is not None:
         problems.append(f"block {linked} is not in the free queue but still has prev/next links")
     blocks = tuple(states)
-    index = {h: tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
+    index = {h: tuple(m) if type(m) is dict else tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
              for h, m in _index_items(pool.cached_block_hash_to_block)}
     null = pool.null_block.block_id if getattr(pool, "null_block", None) is not None else None
     return _observation(blocks, tuple(queue), index, pool.get_num_free_blocks(), null, requests or {}, tuple(problems))
