@@ -39,7 +39,7 @@ COVERS = frozenset({"no_crash", "atomic_reject", "null_block", "accounting_step"
                     "cached_evictable", "max_hit", "no_leak", "stable_ids", "eviction_order", "kv_integrity",
                     "hit_content", "hit_agreement", "window", "slots"})
 
-_POOL_OPS = (Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset)
+_POOL_OPS = frozenset({Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset})
 
 
 _MODEL_TYPES: dict = {}
@@ -80,8 +80,9 @@ def _clean(ctx: Any) -> Optional[tuple]:
         return None                       # NO_CRASH, ATOMIC_REJECT and a not-comparable step
     model, obs, prev, op = ctx.model, ctx.obs, ctx.prev, ctx.op
     mt = type(model)
-    if ctx.shadow is not None or obs.requests or type(op) not in _POOL_OPS or not _pool_model(mt) \
-            or "groups" in model.__dict__ or "reqs" in model.__dict__:
+    md = model.__dict__
+    if ctx.shadow is not None or obs.requests or type(op) not in _POOL_OPS \
+            or not (_MODEL_TYPES.get(mt) or _pool_model(mt)) or "groups" in md or "reqs" in md:
         return None                       # not the pool level: the cache-level checks would read more
     result, expected = ctx.result, ctx.expected
     t = type(op)
