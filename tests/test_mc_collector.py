@@ -42,15 +42,16 @@ def test_the_environment_sets_it_and_it_is_never_lowered(thresholds, monkeypatch
 
 def test_a_search_runs_with_it_and_leaves_the_thresholds_as_they_were(thresholds, monkeypatch):
     monkeypatch.delenv("KVSPEC_GC_THRESHOLD", raising=False)
-    seen = []
-    real = collector.fewer_collections
+    from kvspec.check.session import ASK, Session
+    during = set()
+    real = Session.apply
 
-    def spy():
-        seen.append(True)
-        return real()
+    def apply(self, op, misuse=ASK):   # the thresholds while the search steps the target
+        during.add(gc.get_threshold())
+        return real(self, op, misuse)
 
-    import kvspec.mc.search as search
-    monkeypatch.setattr(search, "fewer_collections", spy)
+    monkeypatch.setattr(Session, "apply", apply)
     r = model_check(load_target("impl"), Config(level="pool", num_blocks=4), 3)
-    assert r.verdict == "pass" and r.states > 1 and seen == [True]
+    assert r.verdict == "pass" and r.states > 1
+    assert during == {(collector.GEN0, 50, 100)}
     assert gc.get_threshold() == (700, 10, 10)

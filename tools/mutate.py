@@ -576,13 +576,22 @@ def _delete_jobs(session: Path, query: str) -> list:
 
     con = sqlite3.connect(session)
     ids = [r[0] for r in con.execute(query)]
+    con.close()
+    _delete_ids(session, ids)
+    return ids
+
+
+def _delete_ids(session: Path, ids: list) -> None:
+    """Delete these jobs (their mutation spec and work item) from cosmic-ray's session."""
+    import sqlite3
+
+    con = sqlite3.connect(session)
     con.execute("PRAGMA foreign_keys = ON")
     for jid in ids:
         con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
         con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
     con.commit()
     con.close()
-    return ids
 
 
 def _drop_pending(session: Path) -> int:
@@ -611,12 +620,8 @@ def _keep_sample(session: Path, fraction: float, seed: int, keep_files: list[str
                   key=lambda r: (r[1], r[2], r[3]))
     rng = random.Random(seed)
     drop = [r[0] for r in rows if not (r[1] in keep_files or rng.random() < fraction)]
-    con.execute("PRAGMA foreign_keys = ON")
-    for jid in drop:
-        con.execute("DELETE FROM mutation_specs WHERE job_id = ?", (jid,))
-        con.execute("DELETE FROM work_items WHERE job_id = ?", (jid,))
-    con.commit()
     con.close()
+    _delete_ids(session, drop)
     return f"{len(rows) - len(drop)}/{len(rows)} (fraction {fraction:g}, seed {seed}, in full: {keep_files or 'none'})"
 
 

@@ -48,7 +48,7 @@ from kvspec.mc.fork import _DISPATCH, CompactFork, Fork, PickleFork, _is_scalar
 from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Op
 
-# What a forked worker reads (set by the search right before it forks the pool).
+# What the search and its forked workers read for a level (set right before the workers are forked).
 _LEVEL: dict[str, Any] = {}
 MIN_SLICE = 32            # frontier states per process, at least, before a level is split
 MIN_CHUNK = 8             # frontier states per chunk, at least
@@ -368,7 +368,7 @@ def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Sessio
         if procs > 1:
             res.split_levels += 1
         nxt: list = []
-        for r in results:     # slice by slice, in frontier order: the one-process order
+        for r in results:     # chunk by chunk, in frontier order: the one-process order
             res.transitions += sum(r["ops"])
             for pos, i, op, kind, payload in r["records"]:
                 idx = frontier[pos][3]

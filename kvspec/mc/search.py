@@ -123,8 +123,7 @@ from typing import Any, Optional
 from kvspec.mc.canonical import KeyMemo, compact, state_key
 from kvspec.mc.collector import fewer_collections
 from kvspec.spec.config import Config
-from kvspec.mc.enumerate_ops import Bounds, EnabledOps, enabled_ops, with_misuses
-from kvspec.mc.enumerate_ops import pool_ops_key as _pool_ops_key
+from kvspec.mc.enumerate_ops import Bounds, EnabledOps, enabled_ops, pool_ops_key, with_misuses
 from kvspec.spec.ops import Admit, Finish, Op
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target, TargetError
@@ -234,6 +233,7 @@ class _Progress:
 
 
 # -- the search ----------------------------------------------------------------------
+@fewer_collections()   # (kvspec.mc.collector: a fifth of the CPU time otherwise)
 def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bounds] = None, *,
                 time_cap: float = 300.0, mem_cap_gib: float = 2.0, progress: bool = False,
                 invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None,
@@ -242,15 +242,6 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
 
     Returns the first (so shortest) failing path as ``counterexample``; with
     ``invariant``, only a failure whose first invariant is that one counts."""
-    with fewer_collections():   # (kvspec.mc.collector: a fifth of the CPU time otherwise)
-        return _search(target, config, depth, bounds, time_cap=time_cap, mem_cap_gib=mem_cap_gib,
-                       progress=progress, invariant=invariant, fork=fork, key_memo=key_memo,
-                       max_states=max_states, check_once=check_once, workers=workers)
-
-
-def _search(target: Target, config: Config, depth: int, bounds: Optional[Bounds], *, time_cap: float,
-            mem_cap_gib: float, progress: bool, invariant: Optional[str], fork: str, key_memo: Optional[bool],
-            max_states: Optional[int], check_once: bool, workers: int) -> MCResult:
     bounds = bounds or Bounds()
     if config.level not in target.traits.levels:
         raise TargetError(f"target {target.name} does not support the {config.level} level")
@@ -293,7 +284,7 @@ def _search(target: Target, config: Config, depth: int, bounds: Optional[Bounds]
                                                 prompt_lens=extra["prompt_lens"]), unsupported)
         else:
             m = s.model
-            mk = _pool_ops_key(m, s.hashes.k2t, bounds.labels)
+            mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
             ops = ops_memo.get(mk) if mk is not None else None
             if ops is None:
                 ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)

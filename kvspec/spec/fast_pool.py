@@ -82,7 +82,7 @@ def _clean(ctx: Any) -> Optional[tuple]:
     mt = type(model)
     md = model.__dict__
     if ctx.shadow is not None or obs.requests or type(op) not in _POOL_OPS \
-            or not (_MODEL_TYPES.get(mt) or _pool_model(mt)) or "groups" in md or "reqs" in md:
+            or not _pool_model(mt) or "groups" in md or "reqs" in md:
         return None                       # not the pool level: the cache-level checks would read more
     result, expected = ctx.result, ctx.expected
     t = type(op)

@@ -85,20 +85,11 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
     # I1's other half: a block out of the queue keeps no links into it.
     queued = set(queue)
     states = []
-    add = states.append
-    shared = _BLOCK_STATES.get
     linked = None
     for b in pool.blocks:
         i = b.block_id
         q_ = i in queued
-        ref, h = b.ref_cnt, b.block_hash
-        try:
-            st = shared((ref, h, q_))
-        except TypeError:   # an unhashable hash value
-            st = None
-        if st is None or type(st.ref) is not type(ref):
-            st = _block_state(ref, h, q_)
-        add(st)
+        states.append(_block_state(b.ref_cnt, b.block_hash, q_))
         if not q_ and linked is None:
             try:
                 out_linked = b.prev_free_block is not None or b.next_free_block is not None
@@ -110,7 +101,7 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
     if linked is not None:
         problems.append(f"block {linked} is not in the free queue but still has prev/next links")
     blocks = tuple(states)
-    index = {h: tuple(m) if type(m) is dict else tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
+    index = {h: tuple(m.keys()) if isinstance(m, dict) else (m.block_id,)
              for h, m in _index_items(pool.cached_block_hash_to_block)}
     null = pool.null_block.block_id if getattr(pool, "null_block", None) is not None else None
     return _observation(blocks, tuple(queue), index, pool.get_num_free_blocks(), null, requests or {}, tuple(problems))

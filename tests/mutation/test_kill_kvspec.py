@@ -522,8 +522,8 @@ def test_pool_searches_compute_each_states_enabled_ops_once_per_ops_key(monkeypa
     from kvspec.mc import search
 
     keys, calls = [], []
-    orig_key, orig_ops = search._pool_ops_key, search.enabled_ops
-    monkeypatch.setattr(search, "_pool_ops_key", lambda *a: keys.append(orig_key(*a)) or keys[-1])
+    orig_key, orig_ops = search.pool_ops_key, search.enabled_ops
+    monkeypatch.setattr(search, "pool_ops_key", lambda *a: keys.append(orig_key(*a)) or keys[-1])
     monkeypatch.setattr(search, "enabled_ops", lambda *a, **k: calls.append(1) or orig_ops(*a, **k))
     res = search.model_check(ImplTarget(), POOL, 4)  # depth 4: 103 lookups of 90 ops keys
     assert res.verdict == "pass" and None not in keys
