@@ -132,6 +132,8 @@ def test_split_levels_see_the_same_states(impl, tiny_chunks):
     assert two.split_levels >= 4 and three.split_levels >= 4   # every level from the second on
     for r in (two, three):
         assert same(one, r) and one.transitions == r.transitions
+        # every new key's state checks ran in some process (two chunks may both run them)
+        assert one.state_checks == one.states - 1 <= r.state_checks
 
 
 @pytest.mark.parametrize("bug,level", [("no_evict", "pool"), ("stale_index", "pool"), ("free_forward", "cache")])

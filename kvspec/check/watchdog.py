@@ -116,6 +116,7 @@ def _main_thread_ok() -> bool:
 _MAIN = threading.main_thread()
 _MAIN_IDENT = _MAIN.ident   # compared with threading.get_ident() on every call (a C call, cheap)
 _get_ident = threading.get_ident
+_mono = time.monotonic
 
 
 def _after_fork() -> None:  # a forked child (kvspec check --jobs) has no watchdog thread yet
@@ -136,7 +137,7 @@ def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
     if (_watcher is None or _get_ident() != _MAIN_IDENT) and not _main_thread_ok():
         return _in_thread(seconds, fn, args)
     _seq += 1
-    _active = (_seq, time.monotonic() + seconds, seconds)
+    _active = (_seq, _mono() + seconds, seconds)
     try:
         return fn(*args)
     finally:

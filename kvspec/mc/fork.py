@@ -161,6 +161,8 @@ class CompactFork(Fork):
         self._rest_restore = _compiled_restore(self.graph)
         self._driver_graph: Any = None   # the driver's own GraphSnapshot, once seen
         self._driver_restore: Any = None
+        self._last_ids: tuple = ()
+        self._last_fields: dict = {}
 
     def save(self, s, path):
         if s is self.live:
@@ -168,9 +170,21 @@ class CompactFork(Fork):
             if snap is not None:
                 rest = self.graph.capture()
                 if rest is not None:
-                    return (snap, rest, tuple(getattr(s, k) for k in self.rest_names))
+                    return (snap, rest, self._fields(s))
         self.fallbacks += 1
         return self.pickled.save(s, path)
+
+    def _fields(self, s: Session) -> dict:
+        # The session's other fields (the model and hash history objects, restored in
+        # place, and a few scalars) are nearly always the same: states share one dict,
+        # which ``load`` only reads. Compared by identity (the dict keeps the objects
+        # alive, so their ids stay theirs).
+        d = s.__dict__
+        vals = [d[k] for k in self.rest_names]
+        ids = tuple(map(id, vals))
+        if ids != self._last_ids:
+            self._last_ids, self._last_fields = ids, dict(zip(self.rest_names, vals))
+        return self._last_fields
 
     def load(self, saved, obs):
         if type(saved) is bytes:
@@ -187,7 +201,7 @@ class CompactFork(Fork):
             self._driver_graph, self._driver_restore = g, _compiled_restore(g) if g is not None else None
         self._rest_restore(rest)
         d = s.__dict__
-        d.update(zip(self.rest_names, fields))
+        d.update(fields)
         d["obs"], d["steps"], d["initial"], d["last_result"] = obs, [], [], None
         return s
 

@@ -5,9 +5,9 @@ N - 1 worker processes are forked from the search for the level (``fork`` start
 method: each inherits the frontier, the set of keys seen so far and the key memo,
 nothing is sent to it), and they and the search itself claim chunks from one shared
 counter until none is left, so that a process that got slow chunks does not hold the
-level up. A chunk is expanded exactly as ``kvspec.mc.search`` expands a state: every
-enabled op is driven and its transition checked, the key taken, the state checks run
-where the key is new to what the process knows. A chunk's result holds, in frontier
+level up. A chunk's states are expanded by the one-process search's own loop
+(``kvspec.mc.expand``): every enabled op is driven and its transition checked, the key
+taken, the state checks run where the key is new to what the process knows. A chunk's result holds, in frontier
 order, one record per transition that matters (a finding, a key the process had not
 seen, with the new state), and a process stops at its first finding, claiming nothing
 more: no chunk after that one can come first. A level of fewer than ``MIN_SLICE``
@@ -44,6 +44,7 @@ import time
 from typing import Any, Callable, Optional
 
 from kvspec.check.session import Session
+from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
 from kvspec.mc.fork import _DISPATCH, CompactFork, Fork, PickleFork, _is_scalar
 from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Op
@@ -193,67 +194,31 @@ def _share() -> dict:
 
 
 def _expand(lo: int, hi: int, local: set) -> dict:
-    """Expand frontier positions lo..hi-1; records in frontier order."""
+    """Expand frontier positions lo..hi-1 (``kvspec.mc.expand``, as the one-process search
+    does); records in frontier order."""
     L = _LEVEL
-    frontier = L["frontier"]
-    seen, unchecked, key_of, ops_of = L["seen"], L["unchecked"], L["key_of"], L["ops_of"]
-    checker, invariant, last, next_extra = L["checker"], L["invariant"], L["last"], L["next_extra"]
-    fk: Fork = L["forker"]
+    frontier, seen, unchecked, last = L["frontier"], L["seen"], L["unchecked"], L["last"]
+    ex: Expander = L["expander"]
+    fk: Fork = ex.forker
     reg = L["registry"]
     out: list[tuple] = []          # (frontier position, op index, op, kind, payload)
-    ops_per: list[int] = []        # ops tried per frontier position (to count transitions)
-    found_one = [False]
+    t0, c0 = ex.transitions, ex.state_checks
 
-    def done(timeout: bool) -> dict:
-        return {"records": out, "ops": ops_per, "timeout": timeout, "found": found_one[0]}
-
-    def record(found: list, pos: int, i: int, op) -> bool:
-        """Note a failing transition; True when it ends the search (only ``invariant`` does,
-        with one given: another failure is a dead end, as in the one-process search)."""
-        hit = invariant is None or found[0].invariant == invariant
-        out.append((pos, i, op, "found" if hit else "pruned", found if hit else None))
-        if hit:
-            ops_per[-1] = i + 1
-            found_one[0] = True
-        return hit
+    def done(timeout: bool, found: bool = False) -> dict:
+        return {"records": out, "transitions": ex.transitions - t0, "state_checks": ex.state_checks - c0,
+                "timeout": timeout, "found": found}
 
     for pos in range(lo, hi):
         if time.monotonic() > L["deadline"]:
             return done(True)
         sent, obs, extra, _ = frontier[pos]
-        saved, obs = decode(sent, reg), obs_of(obs)
-        base = fk.load(saved, obs)
-        ops = ops_of(base, extra)
-        misuses = ops.misuses
-        ops_per.append(len(ops))
-        for i, op in enumerate(ops):
-            t = base if i == 0 else fk.load(saved, obs)
-            if checker is not None:
-                checker.reset()
-            found = t.apply(op, misuses[i])
-            if found and checker is not None:
-                found = checker.state_violations() or found   # a failing step: every check, as check_step
-            if found:
-                if record(found, pos, i, op):
-                    return done(False)
+        for i, op, kind, payload in ex.expand(decode(sent, reg), obs_of(obs), extra, seen, unchecked, local):
+            if kind == FOUND or kind == PRUNED or kind == RECHECKED:
+                out.append((pos, i, op, kind, payload))
+                if kind == FOUND:   # no transition after it can come first
+                    return done(False, True)
                 continue
-            ex2 = next_extra(extra, op)
-            k = key_of(t, ex2)
-            new = k not in seen and k not in local
-            status = "checked"
-            if checker is not None and (new or k in unchecked):
-                if checker.last_comparable:
-                    found = checker.state_violations()
-                    if found:
-                        if record(found, pos, i, op):
-                            return done(False)
-                        continue
-                else:
-                    status = "unchecked"
-            if not new:
-                if k in unchecked and status == "checked":
-                    out.append((pos, i, op, "rechecked", k))
-                continue
+            k, checked, t, ex2 = payload
             local.add(k)
             if last:
                 state = None
@@ -261,12 +226,11 @@ def _expand(lo: int, hi: int, local: set) -> dict:
                 state = (encode(fk, fk.save(t, lambda: []), reg), flat_obs(t.obs))
             else:   # stays in the search's process, and the next level's workers inherit it
                 state = (fk.save(t, lambda: []), t.obs)
-            out.append((pos, i, op, "new", (k, status, state, ex2)))
+            out.append((pos, i, op, NEW, (k, checked, state, ex2)))
     return done(False)
 
 
-def run_level(workers: int, frontier: list, seen: set, unchecked: set, key_of: Callable, ops_of: Callable,
-              checker: Any, invariant: Optional[str], last: bool, next_extra: Callable, forker: Fork,
+def run_level(workers: int, frontier: list, seen: set, unchecked: set, expander: Expander, last: bool,
               reg: dict, deadline: float) -> tuple[list[dict], int]:
     """Expand one level over up to ``workers`` processes: the chunks' results in
     frontier order, and how many processes took part."""
@@ -276,9 +240,8 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, key_of: C
     chunks = 1 if k == 1 else min(n // MIN_CHUNK, CHUNKS_PER_PROCESS * k)
     bounds = [n * j // chunks for j in range(chunks + 1)]
     ctx = multiprocessing.get_context("fork")
-    _LEVEL.update(frontier=frontier, bounds=bounds, seen=seen, unchecked=unchecked, key_of=key_of,
-                  ops_of=ops_of, checker=checker, invariant=invariant, last=last, next_extra=next_extra,
-                  forker=forker, registry=reg, deadline=deadline, in_child=False,
+    _LEVEL.update(frontier=frontier, bounds=bounds, seen=seen, unchecked=unchecked, expander=expander,
+                  last=last, registry=reg, deadline=deadline, in_child=False,
                   counter=ctx.Value("l", 0), stop=ctx.Value("l", chunks))
     try:
         if k == 1:
@@ -310,7 +273,7 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, key_of: C
         by_chunk = {c: r for sh in shares for c, r in sh["chunks"].items()}
         # in chunk order, the one-process order; a chunk nobody claimed lies past a
         # finding (the merge stops before it) or a timeout, and reads as one
-        missing = {"records": [], "ops": [], "timeout": True, "found": False}
+        missing = {"records": [], "transitions": 0, "state_checks": 0, "timeout": True, "found": False}
         return [by_chunk.get(c, missing) for c in range(chunks)], k
     finally:
         _LEVEL.clear()
@@ -360,34 +323,35 @@ def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Sessio
     fills ``res`` in and returns the verdict."""
     unchecked: set = set()
     reg = registry(forker)
+    ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant)
     frontier: list = [(encode(forker, forker.save(s0, lambda: []), reg), s0.obs, extra0, 0)]
     for d in range(1, depth + 1):
         last = d == depth
-        results, procs = run_level(workers, frontier, seen, unchecked, key_of, ops_of, checker, invariant, last,
-                                   next_extra, forker, reg, deadline)
+        results, procs = run_level(workers, frontier, seen, unchecked, ex, last, reg, deadline)
         if procs > 1:
             res.split_levels += 1
         nxt: list = []
         for r in results:     # chunk by chunk, in frontier order: the one-process order
-            res.transitions += sum(r["ops"])
+            res.transitions += r["transitions"]
+            res.state_checks += r["state_checks"]
             for pos, i, op, kind, payload in r["records"]:
                 idx = frontier[pos][3]
-                if kind == "found":
+                if kind == FOUND:
                     res.counterexample, res.violations, res.depth = path_of(parents, idx) + [op], payload, d
                     return "violation"
-                if kind == "pruned":
+                if kind == PRUNED:
                     res.pruned += 1
                     continue
-                if kind == "rechecked":
+                if kind == RECHECKED:
                     unchecked.discard(payload)
                     continue
-                k, status, state, ex2 = payload
-                if k in seen:
-                    if status == "checked":
+                k, checked, state, ex2 = payload
+                if k in seen:   # another chunk found it first
+                    if checked:
                         unchecked.discard(k)
                     continue
                 seen.add(k)
-                if status == "unchecked":
+                if not checked:
                     unchecked.add(k)
                 parents.append((idx, op))
                 res.states += 1

@@ -128,6 +128,7 @@ from kvspec.spec.ops import Admit, Finish, Op
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
+from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
 from kvspec.mc.fork import Fork, choose_fork
 from kvspec.mc.split import StepChecker
 
@@ -254,9 +255,12 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
     res = MCResult("pass", config, bounds, depth, check_once=check_once)
     prog = _Progress(progress)
     forker: Optional[Fork] = None
+    ex: Optional[Expander] = None
 
     def finish(verdict: str) -> MCResult:
         res.verdict = verdict
+        if ex is not None:
+            res.transitions, res.state_checks = ex.transitions, ex.state_checks
         res.seconds = time.monotonic() - start
         res.fork_fallbacks = getattr(forker, "fallbacks", 0) if forker is not None else 0
         res.peak_rss_mib = max(res.peak_rss_mib, rss_bytes() / 2**20)
@@ -307,11 +311,6 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
             out.append(op)
         return out[::-1]
 
-    def ends_search(found: list[Violation]) -> bool:
-        """With ``invariant=`` (the minimizer) only that invariant ends the search; another
-        failure makes the transition a dead end."""
-        return invariant is None or found[0].invariant == invariant
-
     def counterexample(idx: int, op: Op, found: list[Violation], depth: int) -> MCResult:
         res.counterexample = path_to(idx) + [op]
         res.violations = found
@@ -330,61 +329,39 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
             return finish(parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker, invariant,
                                           lambda e, op: _next_extra(e, op) if cache else e, parents, deadline,
                                           max_states))
+    ex = Expander(forker, ops_of, key_of, checker, lambda e, op: _next_extra(e, op) if cache else e, invariant)
     frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
     tick = 0
     for d in range(1, depth + 1):
         nxt: list = []
         for saved, obs, extra, idx in frontier:
-            base = forker.load(saved, obs)
-            ops = ops_of(base, extra)
-            misuses = ops.misuses
-            for i, op in enumerate(ops):
-                s = base if i == 0 else forker.load(saved, obs)   # each op from the saved state
-                res.transitions += 1
-                if checker is not None:
-                    checker.reset()
-                found = s.apply(op, misuses[i])
-                if found and checker is not None:
-                    found = checker.state_violations() or found   # a failing step: every check, as check_step
-                if found:
-                    if ends_search(found):
-                        return counterexample(idx, op, found, d)
+            for i, op, kind, payload in ex.expand(saved, obs, extra, seen, unchecked):
+                if kind == FOUND:
+                    return counterexample(idx, op, payload, d)
+                if kind == PRUNED:
                     res.pruned += 1
-                    continue
-                ex2 = _next_extra(extra, op) if cache else extra
-                k = key_of(s, ex2)
-                new = k not in seen
-                if checker is not None and (new or k in unchecked):
-                    # the state checks, once per key (see the docstring)
-                    if checker.last_comparable:
-                        res.state_checks += 1
-                        found = checker.state_violations()
-                        if found:
-                            if ends_search(found):
-                                return counterexample(idx, op, found, d)
-                            res.pruned += 1
-                            continue
-                        unchecked.discard(k)
-                    elif new:
-                        unchecked.add(k)   # every check ran, but on a step that was not comparable
-                if not new:
-                    continue
-                seen.add(k)
-                parents.append((idx, op))
-                pid = len(parents) - 1
-                res.states += 1
-                if max_states is not None and res.states > max_states:
-                    # a cap on work, not time: the same on every machine (kvspec check --max-examples)
-                    res.reason = f"state cap of {max_states} reached at depth {d}"
-                    return finish("incomplete")
-                if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
-                    nxt.append((forker.save(s, lambda: path_to(pid)), s.obs, ex2, pid))
-                else:
-                    nxt.append(None)
+                elif kind == RECHECKED:
+                    unchecked.discard(payload)
+                else:   # NEW
+                    k, checked, s, ex2 = payload
+                    seen.add(k)
+                    if not checked:
+                        unchecked.add(k)
+                    parents.append((idx, op))
+                    pid = len(parents) - 1
+                    res.states += 1
+                    if max_states is not None and res.states > max_states:
+                        # a cap on work, not time: the same on every machine (kvspec check --max-examples)
+                        res.reason = f"state cap of {max_states} reached at depth {d}"
+                        return finish("incomplete")
+                    if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
+                        nxt.append((forker.save(s, lambda: path_to(pid)), s.obs, ex2, pid))
+                    else:
+                        nxt.append(None)
             tick += 1
             if tick % 16 == 0:
                 now = time.monotonic()
-                prog.show(now, start, d, len(frontier), res.states, res.transitions)
+                prog.show(now, start, d, len(frontier), res.states, ex.transitions)
                 if now > deadline:
                     res.reason = f"time cap of {time_cap:g} s reached at depth {d}"
                     return finish("incomplete")
@@ -396,7 +373,7 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                         return finish("incomplete")
         res.levels.append(len(nxt))
         res.depth = d
-        prog.show(time.monotonic(), start, d, len(nxt), res.states, res.transitions, force=True)
+        prog.show(time.monotonic(), start, d, len(nxt), res.states, ex.transitions, force=True)
         frontier = nxt
         if not nxt:
             res.exhausted = True
