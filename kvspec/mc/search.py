@@ -92,8 +92,10 @@ its conditions matters). The enabled ops of a pool-level state are remembered un
 what ``enabled_pool_ops`` reads of it (``enumerate_ops.pool_ops_key``): the same inputs give the
 same (immutable) ops, so the order of transitions does not change.
 
-``workers=N`` (``kvspec mc --workers N``) runs the same search level by level over N
-processes (``kvspec.mc.parallel``), with the same states and counterexample.
+A state is expanded by ``kvspec.mc.expand`` (the loop over its enabled ops described
+above). ``workers=N`` (``kvspec mc --workers N``) runs the same search level by level
+over N processes (``kvspec.mc.parallel``), each expanding its states with that same
+loop, with the same states and counterexample.
 
 What the model says of each enabled op (``misuse_reason``) is asked once, when the list
 of ops is made (``EnabledOps``), and handed to ``Session.apply`` with the op: every op
