@@ -7,10 +7,10 @@ nothing is sent to it), and they and the search itself claim chunks from one sha
 counter until none is left, so that a process that got slow chunks does not hold the
 level up. A chunk's states are expanded by the one-process search's own loop
 (``kvspec.mc.expand``): every enabled op is driven and its transition checked, the key
-taken, the state checks run where the key is new to what the process knows. A chunk's result holds, in frontier
-order, one record per transition that matters (a finding, a key the process had not
-seen, with the new state), and a process stops at its first finding, claiming nothing
-more: no chunk after that one can come first. A level of fewer than ``MIN_SLICE``
+taken, the state checks run where the key is new to what the process knows. A chunk's
+result holds, in frontier order, one record per transition that matters (a finding, a
+key the process had not seen, with the new state), and a process stops at its first
+finding, claiming nothing more: no chunk after that one can come first. A level of fewer than ``MIN_SLICE``
 states per process is expanded by the search alone.
 
 The search then merges the records chunk by chunk, in frontier order, which is the
