@@ -2,7 +2,7 @@
 (issue 14, "Large configurations"), before and after.
 
     python benchmarks/mc_largest.py [--cap 60] [--before 01dae75] [--levels pool,cache,hybrid]
-                                    [--out reports] [--ladder-max N]
+                                    [--out reports] [--ladder-max N] [--render JSON]
 
 For each level (pool; cache; cache with ``--kv-groups full,swa:4``, "hybrid") a ladder
 of configurations of increasing size (usable blocks, depth) is run, each one in a fresh
@@ -148,14 +148,15 @@ def markdown(data: dict) -> str:
     for level in data["levels"]:
         L.append(f"| {LADDERS[level]['what']} | "
                  + " | ".join(_cell(largest(data["runs"][k].get(level, []))) for k in revs) + " |")
-    L += ["", "The pool level's state space is the same in both revisions (equal state counts per "
-          "configuration), so its row is a speed comparison. The cache levels are not: after "
-          "01dae75 the cache-level state key also holds each request's cached-block count and "
-          "where its last schedule started (two states the old key merged can behave differently), "
-          "and with KV-cache groups the model checker also enumerates chunked, keyed and connector "
-          "admissions, Prefill, drafts and Verify (issue 11). Compare those rows by states per "
-          "second in the table below, not by configuration size.",
-          "", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load |",
+    if len(revs) > 1:
+        L += ["", "The pool level's state space is the same in both revisions (equal state counts per "
+              "configuration), so its row is a speed comparison. The cache levels are not: after "
+              "01dae75 the cache-level state key also holds each request's cached-block count and "
+              "where its last schedule started (two states the old key merged can behave differently), "
+              "and with KV-cache groups the model checker also enumerates chunked, keyed and connector "
+              "admissions, Prefill, drafts and Verify (issue 11). Compare those rows by states per "
+              "second in the table below, not by configuration size."]
+    L += ["", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load |",
           "|---|---|---|---|---|---|---|---|"]
     for k in revs:
         for level in data["levels"]:
@@ -173,7 +174,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--levels", default="pool,cache,hybrid")
     ap.add_argument("--ladder-max", type=int, default=None, help="at most this many rungs per ladder (a quick try)")
     ap.add_argument("--out", default="reports")
+    ap.add_argument("--render", metavar="JSON", default=None,
+                    help="only write the Markdown report again from a JSON file this script wrote")
     a = ap.parse_args(argv)
+    if a.render:
+        path = Path(a.render)
+        path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
+        return 0
     levels = [x for x in a.levels.split(",") if x]
     bad = [x for x in levels if x not in LADDERS]
     if bad:
