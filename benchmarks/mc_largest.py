@@ -49,6 +49,7 @@ LADDERS: dict[str, dict] = {
                "what": "cache level, --kv-groups full,swa:4, 2 requests",
                "ladder": [(3, 3), (3, 4), (4, 4), (4, 5), (5, 5), (5, 6), (6, 6), (6, 7), (7, 7), (8, 8)]},
 }
+MEM_CAP_GIB = 8      # what a search may grow, of the machines' 24 GiB
 WHOLE_DEPTH = 1000   # "depth 0": a bound the search never reaches (it stops when no new state appears)
 
 # Runs kvspec's CLI from ``root`` (this checkout or a worktree of an older revision).
@@ -66,7 +67,7 @@ sys.exit(main(sys.argv[2:]))
 def run_one(root: Path, level: str, blocks: int, depth: int, cap: float) -> dict:
     spec = LADDERS[level]
     argv = ["mc", "--target", "impl", *spec["args"], "--blocks", str(blocks),
-            "--depth", str(depth or WHOLE_DEPTH), "--time-cap", str(cap), "--mem-cap", "8", "--json"]
+            "--depth", str(depth or WHOLE_DEPTH), "--time-cap", str(cap), "--mem-cap", str(MEM_CAP_GIB), "--json"]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     try:
@@ -140,8 +141,9 @@ def markdown(data: dict) -> str:
          f"Command: `{data['command']}`", "",
          f"Machine: {data['machine']}; target `impl`; each configuration in a fresh process; a configuration "
          f"counts when the search ends with verdict `pass` within {cap:g} s of search (its depth bound, or "
-         f"the whole reachable space where the depth is 'whole'). A ladder stops at its first configuration "
-         f"that does not.", ""]
+         f"the whole reachable space where the depth is 'whole'), and within a memory cap of {MEM_CAP_GIB} GiB "
+         f"on what the search grows (`--mem-cap {MEM_CAP_GIB}`). A ladder stops at its first configuration "
+         f"that does not; the last column of the table of runs says why it stopped.", ""]
     revs = [k for k in ("before", "after") if k in data["runs"]]
     L += ["| level | " + " | ".join(f"{k} ({data['revs'][k]})" for k in revs) + " |",
           "|---|" + "---|" * len(revs)]
@@ -156,14 +158,14 @@ def markdown(data: dict) -> str:
               "and with KV-cache groups the model checker also enumerates chunked, keyed and connector "
               "admissions, Prefill, drafts and Verify (issue 11). Compare those rows by states per "
               "second in the table below, not by configuration size."]
-    L += ["", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load |",
-          "|---|---|---|---|---|---|---|---|"]
+    L += ["", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load | stopped by |",
+          "|---|---|---|---|---|---|---|---|---|"]
     for k in revs:
         for level in data["levels"]:
             for r in data["runs"][k].get(level, []):
                 L.append(f"| {k} | {level} | {r['blocks']} | {r['depth'] or 'whole'} | "
                          f"{r.get('verdict') or r.get('note')} | {r.get('states') or ''} | {r.get('seconds') or ''} | "
-                         f"{r['load']:.2f} |")
+                         f"{r['load']:.2f} | {'' if r['ok'] else (r.get('reason') or r.get('note') or '')} |")
     return "\n".join(L) + "\n"
 
 
