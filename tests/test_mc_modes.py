@@ -213,3 +213,33 @@ def test_the_misuse_answers_handed_to_apply_are_the_models_own(monkeypatch, impl
     assert r.verdict == "pass" and len(handed) == r.transitions > 100
     if level == "pool":   # the pool level's misuse ops: answers that are not None came through too
         assert any(m is not None for m in handed) and None in handed
+
+
+# -- a packed frontier ---------------------------------------------------------------------
+def _packed_and_plain(monkeypatch, target, cfg, depth):
+    """The same search with the frontier packed from the first memory check on (by
+    default only past a quarter of the memory cap, which no test reaches), and plain."""
+    from kvspec.mc import search
+    monkeypatch.setattr(search, "PACK_AT", -1.0)
+    packed = model_check(target, cfg, depth)
+    monkeypatch.setattr(search, "PACK_AT", 0.25)
+    return packed, model_check(target, cfg, depth)
+
+
+@pytest.mark.parametrize("level,depth", [("pool", 6), ("cache", 5)])
+def test_a_packed_frontier_sees_the_same_states(impl, monkeypatch, level, depth):
+    packed, plain = _packed_and_plain(monkeypatch, impl, pool(4) if level == "pool" else cache(3), depth)
+    assert packed.packed_from is not None and packed.packed_from < depth - 1 and plain.packed_from is None
+    assert same(plain, packed)
+    assert (plain.transitions, plain.state_checks) == (packed.transitions, packed.state_checks)
+
+
+@pytest.mark.parametrize("bug", ["no_evict", "stale_index"])
+def test_a_packed_frontier_finds_the_same_shortest_counterexample(bug, monkeypatch):
+    t = patched(bug)
+    cfg = pool(4)
+    packed, plain = _packed_and_plain(monkeypatch, t, cfg, 8)
+    # found past the first packed level: its path goes through packed states
+    assert plain.verdict == "violation" and packed.packed_from is not None and packed.depth > packed.packed_from
+    assert same(plain, packed) and plain.transitions == packed.transitions
+    assert confirm(t, cfg, packed)

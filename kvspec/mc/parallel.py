@@ -22,12 +22,10 @@ state checks on a key that another chunk also found (it cannot know): the verdic
 the same (a state check is a function of the key, see ``kvspec.mc.search``), so this
 costs time, never changes a result.
 
-States a worker finds travel back pickled: the in-place fork's saved state (slot values
-and list copies) with the live objects it restores into sent as references (``registry``:
-every worker is a fork of the search, so the same ids name its copies of them), or the
-pickle fork's bytes. What crosses a pipe is kept plain, since that is what a second
-worker pays for: a state is pickled by ``_RefPickler`` (asked only about the few
-objects that are not tuples, ints, bytes ...), its observation goes as tuples
+States a worker finds travel back packed (``kvspec.mc.pack``: the in-place fork's saved
+state pickled with the live objects it restores into as references; every worker is a
+fork of the search, so the same ids name its copies of them). What crosses a pipe is
+kept plain, since that is what a second worker pays for: its observation goes as tuples
 (``flat_obs``; ``obs_of`` builds an equal one on the other side), a key as the bytes it
 already is. States the search finds itself stay as they are (the next level's workers
 inherit them). A worker's key memo is not sent back (see ``_share``). A worker puts a
@@ -37,15 +35,14 @@ pickle) runs in one process (``MCResult.workers`` says so).
 """
 from __future__ import annotations
 
-import io
 import multiprocessing
-import pickle
 import time
 from typing import Any, Callable, Optional
 
 from kvspec.check.session import Session
 from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
-from kvspec.mc.fork import _DISPATCH, CompactFork, Fork, PickleFork, _is_scalar
+from kvspec.mc.fork import Fork
+from kvspec.mc.pack import decode, encode, registry
 from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Op
 
@@ -54,94 +51,6 @@ _LEVEL: dict[str, Any] = {}
 MIN_SLICE = 32            # frontier states per process, at least, before a level is split
 MIN_CHUNK = 8             # frontier states per chunk, at least
 CHUNKS_PER_PROCESS = 32    # chunks per process: enough to even out their speeds, few enough to cost nothing
-
-
-def registry(forker: Fork) -> dict[int, Any]:
-    """The live objects an in-place fork's saved states point at (the snapshots' graphs
-    and every object they restore in place, the live session's model and hash history),
-    by ``id``. Every worker is a fork of the search, so the same ids name its copies of
-    the same objects: a saved state travels with these as references, never copied."""
-    reg = _Registry()
-    if isinstance(forker, CompactFork):
-        from kvspec.targets.snapshot import _GRAPHS
-
-        live = forker.live
-        for g in (forker.graph, _GRAPHS.get(live.driver)):
-            if g is not None:
-                reg[id(g)] = g
-                reg.update((id(o), o) for o in g.objs)
-        for k in forker.rest_names:
-            v = getattr(live, k)
-            if not _is_scalar(v):
-                reg[id(v)] = v
-    reg.by_reduce = all(type(v) not in _BASIC for v in reg.values())
-    return reg
-
-
-# the types the C pickler writes without asking ``reducer_override`` (CPython's docs)
-_BASIC = frozenset({type(None), bool, int, float, bytes, str, dict, set, frozenset, list, tuple})
-_LIVE: dict[int, Any] = {}   # the registry a state is being decoded against (see ``_live``)
-
-
-class _RefPickler(pickle.Pickler):
-    """Pickles the live objects of ``reg`` as references (``_live(id)``), modules by name.
-    ``reducer_override`` is asked only about objects of other types than ``_BASIC``, so a
-    state made mostly of tuples, ints and bytes costs a few calls instead of one per
-    object (as ``persistent_id`` does). Used only where no registry object is of a
-    ``_BASIC`` type (``_by_reduce``): those would be copied instead of referenced."""
-
-    dispatch_table = _DISPATCH
-
-    def __init__(self, f: Any, reg: dict[int, Any]) -> None:
-        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
-        self.reg = reg
-
-    def reducer_override(self, o: Any) -> Any:
-        if id(o) in self.reg:
-            return _live, (id(o),)
-        return NotImplemented
-
-
-def _live(i: int) -> Any:
-    return _LIVE[i]
-
-
-class _Registry(dict):
-    """``registry``'s answer: id -> live object, and whether ``_RefPickler`` may send it."""
-    by_reduce = False
-
-
-def _by_reduce(reg: dict[int, Any]) -> bool:
-    return getattr(reg, "by_reduce", False)
-
-
-def encode(forker: Fork, saved: Any, reg: dict[int, Any]) -> Any:
-    """A saved state as it travels between processes: the in-place fork's, pickled with
-    the live objects as references (``registry``) and modules by name; the pickle fork's
-    bytes as they are."""
-    if isinstance(forker, CompactFork) and type(saved) is not bytes:
-        f = io.BytesIO()
-        if _by_reduce(reg):
-            _RefPickler(f, reg).dump(saved)
-            return "ref", f.getvalue()
-        p = pickle.Pickler(f, protocol=pickle.HIGHEST_PROTOCOL)
-        p.dispatch_table = _DISPATCH
-        p.persistent_id = lambda o: id(o) if id(o) in reg else None
-        p.dump(saved)
-        return "compact", f.getvalue()
-    return saved
-
-
-def decode(sent: Any, reg: dict[int, Any]) -> Any:
-    if type(sent) is tuple and sent[0] == "ref":
-        global _LIVE
-        _LIVE = reg
-        return pickle.loads(sent[1])
-    if type(sent) is tuple and sent[0] == "compact":
-        u = pickle.Unpickler(io.BytesIO(sent[1]))
-        u.persistent_load = reg.__getitem__
-        return u.load()
-    return sent
 
 
 def flat_obs(obs: Any) -> Any:
@@ -289,22 +198,6 @@ def _worker(send: Any) -> None:
         out = ("error", f"{type(e).__name__}: {e}")
     send.send(out)
     send.close()
-
-
-def can_send(forker: Fork, s0: Session) -> bool:
-    """Can this search's saved states travel between processes (pickled, and put back
-    faithfully)? Only the in-place and the pickle forks are sent; the others search in
-    one process."""
-    if not isinstance(forker, (CompactFork, PickleFork)):
-        return False
-    obs = s0.obs
-    try:
-        reg = registry(forker)
-        saved = forker.save(s0, lambda: [])
-        back = decode(pickle.loads(pickle.dumps(encode(forker, saved, reg))), reg)
-        return forker.load(back, obs).driver.observe() == obs
-    except Exception:
-        return False
 
 
 def path_of(parents: list[tuple[int, Optional[Op]]], i: int) -> list[Op]:

@@ -112,7 +112,9 @@ the whole search, start-up included.
 Stopping: at the depth bound or when no new state appears (the bounded state space
 is exhausted) the verdict is ``pass``; at the time cap or the memory cap (resident
 memory, read from ``/proc/self/statm``) it is ``incomplete``, never ``pass``, with
-how far the search got.
+how far the search got. Past a quarter of the memory cap the search keeps the states
+it finds packed (``PACK_AT``, ``kvspec.mc.pack``), which costs a little time and lets
+a large search go further before the cap.
 """
 from __future__ import annotations
 
@@ -132,6 +134,7 @@ from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
 from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
 from kvspec.mc.fork import Fork, choose_fork
+from kvspec.mc.pack import can_pack, decode, encode, registry
 from kvspec.mc.split import StepChecker
 
 # -- the result ----------------------------------------------------------------------
@@ -157,6 +160,7 @@ class MCResult:
     state_checks: int = 0              # how often they ran (the initial state's not counted)
     workers: int = 1                   # processes of a parallel search (kvspec.mc.parallel)
     split_levels: int = 0              # levels it expanded over more than one process
+    packed_from: Optional[int] = None  # the depth from which frontier states were kept packed (PACK_AT)
     peak_rss_mib: float = 0.0
     repro: Optional[str] = None
     replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
@@ -187,9 +191,19 @@ class MCResult:
             "repro": self.repro, "replayed": self.replayed, "config": self.config.to_dict(),
             "bounds": self.bounds.to_dict(), "levels": self.levels, "pruned": self.pruned, "fork": self.fork,
             "fork_fallbacks": self.fork_fallbacks, "check_once": self.check_once, "state_checks": self.state_checks,
-            "workers": self.workers, "split_levels": self.split_levels,
+            "workers": self.workers, "split_levels": self.split_levels, "packed_from": self.packed_from,
             "peak_rss_mib": round(self.peak_rss_mib, 1),
         }
+
+
+# A saved state (slot values, list and dict copies) takes about 5 KB; packed as the
+# parallel search sends it (``kvspec.mc.pack``: pickled, the live objects it restores
+# into as references) about 1.3 KB, for one pickle round trip per state found
+# and expanded. So a search keeps its frontier unpacked until it has grown by this
+# fraction of its memory cap, and packs the states it finds from then on: small
+# searches run at full speed, large ones reach further before the cap. Packing changes
+# no state, transition or counterexample (tests/test_mc_modes.py).
+PACK_AT = 0.25
 
 
 def rss_bytes() -> int:
@@ -325,18 +339,24 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
     seen = {key_of(s0, extra0)}   # the initial state: every check ran in Session()
     unchecked: set = set()        # keys seen whose state checks have not run on a comparable step
     if workers > 1:
-        from kvspec.mc.parallel import can_send, parallel_search
-        if can_send(forker, s0):   # states travel between levels pickled
+        from kvspec.mc.parallel import parallel_search
+        if can_pack(forker, s0):   # states travel between levels packed
             res.workers = workers
             return finish(parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker, invariant,
                                           lambda e, op: _next_extra(e, op) if cache else e, parents, deadline,
                                           max_states))
     ex = Expander(forker, ops_of, key_of, checker, lambda e, op: _next_extra(e, op) if cache else e, invariant)
+    # Past PACK_AT of the memory cap, the frontier's states are kept packed (see PACK_AT).
+    packable = mem_cap > 0 and can_pack(forker, s0)
+    reg: Optional[dict] = None   # the live objects packed states refer to, once packing is on
     frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
     tick = 0
     for d in range(1, depth + 1):
         nxt: list = []
-        for saved, obs, extra, idx in frontier:
+        for j, (saved, obs, extra, idx) in enumerate(frontier):
+            frontier[j] = None   # expanded: let the state go (the path to it is in ``parents``)
+            if reg is not None:
+                saved = decode(saved, reg)   # (a state saved before packing began passes as it is)
             for i, op, kind, payload in ex.expand(saved, obs, extra, seen, unchecked):
                 if kind == FOUND:
                     return counterexample(idx, op, payload, d)
@@ -357,7 +377,8 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                         res.reason = f"state cap of {max_states} reached at depth {d}"
                         return finish("incomplete")
                     if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
-                        nxt.append((forker.save(s, lambda: path_to(pid)), s.obs, ex2, pid))
+                        kept = forker.save(s, lambda: path_to(pid))
+                        nxt.append((kept if reg is None else encode(forker, kept, reg), s.obs, ex2, pid))
                     else:
                         nxt.append(None)
             tick += 1
@@ -373,6 +394,10 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                     if rss - rss_at_start > mem_cap:
                         res.reason = f"memory cap of {mem_cap_gib:g} GiB (grown by the search) reached at depth {d}"
                         return finish("incomplete")
+                    if reg is None and packable and rss - rss_at_start > PACK_AT * mem_cap:
+                        reg, res.packed_from = registry(forker), d
+        if reg is None and packable and rss_bytes() - rss_at_start > PACK_AT * mem_cap:
+            reg, res.packed_from = registry(forker), d + 1   # (also asked once per level)
         res.levels.append(len(nxt))
         res.depth = d
         prog.show(time.monotonic(), start, d, len(nxt), res.states, ex.transitions, force=True)
