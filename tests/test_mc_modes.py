@@ -243,3 +243,13 @@ def test_a_packed_frontier_finds_the_same_shortest_counterexample(bug, monkeypat
     assert plain.verdict == "violation" and packed.packed_from is not None and packed.depth > packed.packed_from
     assert same(plain, packed) and plain.transitions == packed.transitions
     assert confirm(t, cfg, packed)
+
+
+def test_the_cli_says_when_states_were_kept_packed(monkeypatch, capsys):
+    from kvspec.mc import search
+    argv = ["mc", "--target", "impl", "--level", "pool", "--blocks", "3", "--depth", "5"]
+    assert main(argv) == 0
+    assert "kept packed" not in capsys.readouterr().out
+    monkeypatch.setattr(search, "PACK_AT", -1.0)
+    assert main(argv) == 0
+    assert "states kept packed from depth 2" in capsys.readouterr().out

@@ -43,7 +43,8 @@ def _text(a: argparse.Namespace, r: MCResult) -> str:
              + (" (every reachable state seen)" if r.exhausted else "")
              + f", {r.seconds:.2f} s, {r.states_per_second:,.0f} states/s, "
              f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork}"
-             + (f", {r.workers} workers" if r.workers > 1 else "") + ")"]
+             + (f", {r.workers} workers" if r.workers > 1 else "")
+             + (f", states kept packed from depth {r.packed_from}" if r.packed_from is not None else "") + ")"]
     if r.verdict == "incomplete":
         lines.append(f"  incomplete: {r.reason}; no claim beyond depth {r.depth}")
     if r.verdict == "violation":
