@@ -5,7 +5,7 @@
 The in-place fork's saved state (slot values, list and dict copies) points at the live
 objects it is restored into. Packed, it is pickled with those objects as references
 (``registry``: by ``id``; a forked worker's copies of them have the same ids) and
-modules by name, so a state costs about a quarter of its unpacked memory and unpacks
+modules by name, so a state costs about a third of its unpacked memory and unpacks
 into exactly what was saved. The pickle fork's states are bytes already and pass as
 they are. ``can_pack`` tests the round trip once, on the initial state.
 """

@@ -10,8 +10,8 @@ level up. A chunk's states are expanded by the one-process search's own loop
 taken, the state checks run where the key is new to what the process knows. A chunk's
 result holds, in frontier order, one record per transition that matters (a finding, a
 key the process had not seen, with the new state), and a process stops at its first
-finding, claiming nothing more: no chunk after that one can come first. A level of fewer than ``MIN_SLICE``
-states per process is expanded by the search alone.
+finding, claiming nothing more: no chunk after that one can come first. A level of
+fewer than ``MIN_SLICE`` states per process is expanded by the search alone.
 
 The search then merges the records chunk by chunk, in frontier order, which is the
 order the one-process search tries the same transitions in: a key is new iff no earlier
@@ -123,7 +123,8 @@ def _expand(lo: int, hi: int, local: set) -> dict:
         sent, obs, extra, _ = frontier[pos]
         for i, op, kind, payload in ex.expand(decode(sent, reg), obs_of(obs), extra, seen, unchecked, local):
             if kind == FOUND or kind == PRUNED or kind == RECHECKED:
-                out.append((pos, i, op, kind, payload))
+                # (a pruned transition's violations are not needed by the merge: not sent)
+                out.append((pos, i, op, kind, None if kind == PRUNED else payload))
                 if kind == FOUND:   # no transition after it can come first
                     return done(False, True)
                 continue

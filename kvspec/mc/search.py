@@ -196,9 +196,9 @@ class MCResult:
         }
 
 
-# A saved state (slot values, list and dict copies) takes about 5 KB; packed as the
-# parallel search sends it (``kvspec.mc.pack``: pickled, the live objects it restores
-# into as references) about 1.3 KB, for one pickle round trip per state found
+# A saved state (slot values, list and dict copies) takes about 4 KB (tracemalloc, pool
+# level); packed as the parallel search sends it (``kvspec.mc.pack``: pickled, the live
+# objects it restores into as references) about 1.3 KB, for one pickle round trip per state found
 # and expanded. So a search keeps its frontier unpacked until it has grown by this
 # fraction of its memory cap, and packs the states it finds from then on: small
 # searches run at full speed, large ones reach further before the cap. Packing changes
@@ -338,17 +338,26 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
     key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
     seen = {key_of(s0, extra0)}   # the initial state: every check ran in Session()
     unchecked: set = set()        # keys seen whose state checks have not run on a comparable step
+    # Can the saved states be packed: for --workers (they travel between processes so),
+    # and past PACK_AT of the memory cap (see PACK_AT). One round trip on s0, asked once.
+    packable = can_pack(forker, s0)
+
+    def next_extra(extra: dict, op: Op) -> dict:
+        return _next_extra(extra, op) if cache else extra
+
     if workers > 1:
         from kvspec.mc.parallel import parallel_search
-        if can_pack(forker, s0):   # states travel between levels packed
+        if packable:   # states travel between levels packed
             res.workers = workers
             return finish(parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker, invariant,
-                                          lambda e, op: _next_extra(e, op) if cache else e, parents, deadline,
-                                          max_states))
-    ex = Expander(forker, ops_of, key_of, checker, lambda e, op: _next_extra(e, op) if cache else e, invariant)
-    # Past PACK_AT of the memory cap, the frontier's states are kept packed (see PACK_AT).
-    packable = mem_cap > 0 and can_pack(forker, s0)
+                                          next_extra, parents, deadline, max_states))
+    ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant)
     reg: Optional[dict] = None   # the live objects packed states refer to, once packing is on
+
+    def packing_from(rss: int) -> Optional[dict]:
+        """The registry to pack with, once the search has grown past PACK_AT of its cap."""
+        return registry(forker) if packable and mem_cap and rss - rss_at_start > PACK_AT * mem_cap else None
+
     frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
     tick = 0
     for d in range(1, depth + 1):
@@ -394,10 +403,11 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                     if rss - rss_at_start > mem_cap:
                         res.reason = f"memory cap of {mem_cap_gib:g} GiB (grown by the search) reached at depth {d}"
                         return finish("incomplete")
-                    if reg is None and packable and rss - rss_at_start > PACK_AT * mem_cap:
-                        reg, res.packed_from = registry(forker), d
-        if reg is None and packable and rss_bytes() - rss_at_start > PACK_AT * mem_cap:
-            reg, res.packed_from = registry(forker), d + 1   # (also asked once per level)
+                    if reg is None and (reg := packing_from(rss)) is not None:
+                        res.packed_from = d
+        # (also asked once per level: a small search has few memory checks)
+        if reg is None and packable and (reg := packing_from(rss_bytes())) is not None:
+            res.packed_from = d + 1
         res.levels.append(len(nxt))
         res.depth = d
         prog.show(time.monotonic(), start, d, len(nxt), res.states, ex.transitions, force=True)
