@@ -88,6 +88,10 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
         report = run_jobs(target, a.target, a.jobs, **kw)
     else:
         report = run_check(target, a.target, progress=sys.stderr.isatty() and not a.json, **kw)
+    from kvspec.check.hints import continue_search
+    from kvspec.targets.policies import declaration_of
+    report.declaration, report.hintable = declaration_of(target), target.traits.hintable
+    continue_search(target, a.target, report, kw)  # policy hints; the search goes on under a hint's assumption
     if a.report_dir:
         from kvspec.report.files import write_check_reports
         write_check_reports(report, a.report_dir)

@@ -26,15 +26,21 @@ def _target(target: Union[str, Target], patch: Optional[str], patch_text: Option
 
 
 def replay_outcome(target: Union[str, Target], config: Union[dict, Config], steps: Sequence[Op],
-                   patch: Optional[str] = None, patch_text: Optional[str] = None) -> Outcome:
+                   patch: Optional[str] = None, patch_text: Optional[str] = None,
+                   assume: Optional[dict] = None) -> Outcome:
     cfg = config if isinstance(config, Config) else Config(**config)
-    return run_steps(_target(target, patch, patch_text), cfg, steps)
+    t = _target(target, patch, patch_text)
+    if assume:  # a repro found under a policy hint's assumption (kvspec.check.hints) replays under it
+        from kvspec.check.hints import assuming
+        t = assuming(t, assume)
+    return run_steps(t, cfg, steps)
 
 
 def replay(target: Union[str, Target], config: Union[dict, Config], steps: Sequence[Op],
-           patch: Optional[str] = None, patch_text: Optional[str] = None) -> None:
-    """Run ``steps``, checking every invariant after each; raise AssertionError at the first violation."""
-    out = replay_outcome(target, config, steps, patch, patch_text)
+           patch: Optional[str] = None, patch_text: Optional[str] = None, assume: Optional[dict] = None) -> None:
+    """Run ``steps``, checking every invariant after each; raise AssertionError at the first violation.
+    ``assume``: policies assumed on a hint's word (never the target's declaration)."""
+    out = replay_outcome(target, config, steps, patch, patch_text, assume)
     if out.failed:
         v = out.violations[0]
         where = "at construction" if out.index == -1 else f"at step {out.index + 1} ({steps[out.index]!r})"

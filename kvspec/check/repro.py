@@ -56,6 +56,12 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     w(f"{len(steps)} steps" + ("" if minimal is None else f", minimal: {str(minimal).lower()}")
       + (f"; {kind} finding" if kind != "violation" else "") + ".")
     w("Replays the steps on a fresh allocator and checks every invariant after each one.")
+    from kvspec.targets.policies import declaration_of
+    w(f"Declaration: {declaration_of(target)}.")
+    assumed = dict(getattr(target.traits, "assumed", ()))
+    if assumed:
+        w("Assuming (a policy hint's word, not the declaration): "
+          + ", ".join(f"{k} = {v!r}" for k, v in assumed.items()) + ".")
     if patch_text:
         w("KVSPEC_PATCH=none replays on the unpatched target; KVSPEC_PATCH=other.diff on another patch.")
     w('"""')
@@ -66,6 +72,8 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     w("")
     w(f"TARGET = {target_spec!r}")
     w(f"CONFIG = {config.to_dict()!r}")
+    if assumed:
+        w(f"ASSUME = {assumed!r}")
     if patch_text:
         w(f"PATCH_TEXT = {patch_text!r}")
     w("STEPS = [")
@@ -75,14 +83,15 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     w("")
     w("")
     w(f"def test_{invariant.lower()}_{kind}():")
+    more = ", assume=ASSUME" if assumed else ""
     if patch_text:
         w('    env = os.environ.get("KVSPEC_PATCH")')
         w('    if env is None:')
-        w('        replay(TARGET, CONFIG, STEPS, patch_text=PATCH_TEXT)')
+        w(f'        replay(TARGET, CONFIG, STEPS, patch_text=PATCH_TEXT{more})')
         w('    else:')
-        w('        replay(TARGET, CONFIG, STEPS, patch=None if env.lower() == "none" else env)')
+        w(f'        replay(TARGET, CONFIG, STEPS, patch=None if env.lower() == "none" else env{more})')
     else:
         w('    env = os.environ.get("KVSPEC_PATCH")')
-        w('    replay(TARGET, CONFIG, STEPS, patch=None if env in (None, "", "none") else env)')
+        w(f'    replay(TARGET, CONFIG, STEPS, patch=None if env in (None, "", "none") else env{more})')
     path.write_text("\n".join(lines) + "\n")
     return path

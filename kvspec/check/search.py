@@ -40,6 +40,8 @@ class Finding:
     repro: Optional[str] = None
     seconds_to_failure: Optional[float] = None
     examples_to_failure: Optional[int] = None  # examples run (all levels) when it was found
+    hints: list = field(default_factory=list)  # kvspec.check.hints.Hint: policies under which the repro passes
+    label: Optional[str] = None  # "policy" (hints), "bug" (no declarable policy explains it), None: not asked
 
     @property
     def invariant(self) -> str:
@@ -55,6 +57,7 @@ class Finding:
             "shrunk_steps": self.shrunk_steps, "minimal": self.minimal, "repro": self.repro,
             "seconds_to_failure": None if self.seconds_to_failure is None else round(self.seconds_to_failure, 3),
             "examples_to_failure": self.examples_to_failure,
+            "hints": [h.to_dict() for h in self.hints], "label": self.label,
         }
 
 
@@ -73,6 +76,9 @@ class CheckReport:
     seconds: float = 0.0
     error: Optional[str] = None
     max_examples: Optional[int] = None  # deterministic mode (--max-examples / --derandomize); None: the budget
+    declaration: str = ""  # the policy declaration checked against, in words (kvspec.targets.policies)
+    hintable: frozenset = frozenset()  # the policies left undeclared, open to hints
+    assuming: list = field(default_factory=list)  # kvspec.check.hints.Assumption: searches continued under hints
 
     @property
     def verdict(self) -> str:
@@ -87,6 +93,7 @@ class CheckReport:
             "examples": self.examples, "steps": self.steps, "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
             "max_examples": self.max_examples, "deterministic": self.max_examples is not None,
+            "declaration": self.declaration, "assuming": [a.to_dict() for a in self.assuming],
         }
 
 
@@ -239,6 +246,8 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     commit, target and seed give the same verdict, counts and repro on any machine."""
     levels = _levels(target, level)
     report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples)
+    from kvspec.targets.policies import declaration_of
+    report.declaration, report.hintable = declaration_of(target), target.traits.hintable
     start = time.monotonic()
     searches = [LevelSearch(target, lvl, misuse=misuse, seed=seed, kv_groups=kv_groups) for lvl in levels]
 

@@ -34,7 +34,7 @@ from kvspec.targets.base import TargetError
 DEFAULT_BLOCK_SIZE = 2
 
 
-def _text(a: argparse.Namespace, r: MCResult) -> str:
+def _text(a: argparse.Namespace, r: MCResult, declaration: str = "") -> str:
     head = (f"kvspec mc: {r.verdict} on target {a.target}" + (f" with patch {a.patch}" if a.patch else "")
             + f" ({r.config.level} level, {a.blocks} usable blocks"
             + (f", {a.requests} requests" if r.config.level == "cache" else "") + f", depth {r.max_depth})")
@@ -45,6 +45,8 @@ def _text(a: argparse.Namespace, r: MCResult) -> str:
              f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork}"
              + (f", {r.workers} workers" if r.workers > 1 else "")
              + (f", states kept packed from depth {r.packed_from}" if r.packed_from is not None else "") + ")"]
+    if declaration:
+        lines.insert(1, f"  declaration: {declaration}")
     if r.verdict == "incomplete":
         lines.append(f"  incomplete: {r.reason}; no claim beyond depth {r.depth}")
     if r.verdict == "violation":
@@ -110,11 +112,12 @@ def cmd_mc(a: argparse.Namespace) -> int:
         r.repro = str(write_repro(Path(a.report_dir or os.path.join("reports", "repros")), a.target, target, config,
                                   r.counterexample, v.invariant, v.message, patch_text=patch_text, patch_name=a.patch,
                                   command=command, minimal=True))
+    from kvspec.targets.policies import declaration_of
     out = {"target": a.target, "patch": a.patch, "level": a.level, "blocks": a.blocks, "requests": a.requests, "caching": caching,
-           **r.to_dict()}
+           "declaration": declaration_of(target), **r.to_dict()}
     if a.report_dir:
         d = Path(a.report_dir)
         d.mkdir(parents=True, exist_ok=True)
         (d / "kvspec-mc.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(json.dumps(out, default=str) if a.json else _text(a, r))
+    print(json.dumps(out, default=str) if a.json else _text(a, r, out["declaration"]))
     return 1 if r.verdict == "violation" else 0

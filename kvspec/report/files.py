@@ -170,6 +170,8 @@ def _finding_md(n: int, f, view: Optional[dict], base: Path) -> list[str]:
         out.append(f"- repro: [`{f.repro}`]({rel}) (replay: `python -m pytest {f.repro}`)")
     if v.excerpt:
         out.append(f"- state: `{v.excerpt}`")
+    from kvspec.check.hints import finding_lines
+    out += [f"- {line.strip()}" for line in finding_lines(f)]
     out.append("")
     out.append("#### Steps")
     out.append("")
@@ -200,7 +202,8 @@ def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Pa
     out = [f"# kvspec check: {report.target}" + (f" + {report.patch}" if report.patch else ""), "",
            f"**Verdict: {verdict}**", ""]
     out += _table(["", ""], [
-        ["target", report.target], ["patch", report.patch or "-"], ["levels", ", ".join(report.levels)],
+        ["target", report.target], ["patch", report.patch or "-"],
+        ["declaration", getattr(report, "declaration", "") or "-"], ["levels", ", ".join(report.levels)],
         ["misuse ops", "on" if report.misuse else "off"], ["seed", report.seed], ["budget", f"{report.budget:g} s"],
         ["examples", report.examples], ["steps", report.steps], ["seconds", f"{report.seconds:.2f}"],
         ["steps / second", d["steps_per_second"] if d["steps_per_second"] is not None else "-"],
@@ -219,6 +222,8 @@ def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Pa
                 "Misuses the target documents no defence for: not violations under valid use.", ""]
         for j, f in enumerate(report.robustness):
             out += _finding_md(j + 1, f, views[len(report.violations) + j], base)
+    from kvspec.check.hints import assuming_markdown
+    out += assuming_markdown(report)
     out += ["## Invariants checked", "",
             "Every invariant is checked after every step of every example (the search stops at the first "
             "violation).", ""]
@@ -285,8 +290,14 @@ def check_junit(report) -> bytes:
     props = ET.SubElement(suite, "properties")
     for k, val in (("target", report.target), ("patch", report.patch or ""), ("seed", report.seed),
                    ("budget", report.budget), ("misuse", report.misuse), ("examples", report.examples),
-                   ("steps", report.steps), ("verdict", report.verdict)):
+                   ("steps", report.steps), ("verdict", report.verdict),
+                   ("declaration", getattr(report, "declaration", ""))):
         ET.SubElement(props, "property", name=k, value=str(val))
+    for f in report.violations:
+        for h in getattr(f, "hints", None) or ():
+            ET.SubElement(props, "property", name="policy_hint", value=f"{title(f.invariant)}: {h.text}")
+    for a in getattr(report, "assuming", ()):
+        ET.SubElement(props, "property", name="assuming", value=a.heading)
     for level, inv in cases:
         f = viol.get((level, inv))
         tc = ET.SubElement(suite, "testcase", classname=f"kvspec.{level}", name=title(inv),

@@ -8,6 +8,11 @@ def check_text(report) -> str:
     lines = [f"kvspec check: target {report.target}" + (f" + {report.patch}" if report.patch else "")
              + f", levels {', '.join(report.levels)}{', misuse' if report.misuse else ''}, seed {report.seed}",
              f"  {report.examples} examples, {report.steps} steps in {report.seconds:.1f}s"]
+    from kvspec.check import hints
+    if getattr(report, "declaration", ""):
+        lines.insert(1, f"  declaration: {report.declaration}")
+        said = hints.not_second_guessed(report)
+        lines[2:2] = [f"  {said}"] if said else []
     for f in report.violations:
         v = f.violations[0]
         lines.append(f"VIOLATION {title(v.invariant)} at the {f.level} level")
@@ -17,8 +22,10 @@ def check_text(report) -> str:
                      + ("" if f.minimal is None else f", minimal: {str(f.minimal).lower()}") + ":")
         lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
         lines.append(f"  repro: {f.repro}")
+        lines += hints.finding_lines(f)
     for f in report.robustness:
         v = f.violations[0]
         lines.append(f"robustness: {v.invariant}: {v.message} ({len(f.steps)} steps; repro: {f.repro})")
+    lines += hints.assuming_lines(report)
     lines.append(f"verdict: {report.verdict}")
     return "\n".join(lines)

@@ -77,6 +77,31 @@ class Traits:
     # on an allocator without ref counts or a prefix cache (sglang's, LMCache's): the
     # machines and the model checker never run them against it.
     unsupported_ops: frozenset[str] = frozenset()
+    # -- policy vocabulary of issue 20 -----------------------------------------------------
+    # The index keeps one block per hash and the FIRST block cached with a content keeps
+    # the entry: a later block with the same content carries its hash but is never hit
+    # (``if h not in hash_to_block_id: ...``). Exclusive with ``index_latest_wins``.
+    index_first_wins: bool = False
+    # The last, partly filled block of a request is hashed and cached too (partial-block
+    # hashing, shared by copy-on-write): a hashed partial block, a held partial block
+    # whose hash changes as it fills, and a hit that ends inside a block are allowed (I3,
+    # MAX_HIT, I4 relaxed); every token a hit covers is still checked by KV_INTEGRITY.
+    partial_block_caching: bool = False
+    # The admission check (or a lookup) moves a hit block that is free to the MRU end (the
+    # back) of the free queue, as an LRU cache refreshes what it reads: EVICTION_ORDER
+    # follows it, also when the admission is then refused.
+    lru_refresh_on_lookup: bool = False
+    # -- where the policies came from (kvspec.targets.policies) ----------------------------
+    # Which declaration was used, in words, shown in every output ("[tool.kvspec] in
+    # /path/pyproject.toml", "none: vLLM's defaults", ...); "" for kvspec's own targets.
+    declaration: str = ""
+    # The declarable policy keys (kvspec.targets.policies.KEYS) the target left
+    # undeclared: only these are open to policy hints (kvspec.check.hints). A key the user
+    # declared is never second-guessed; kvspec's own targets leave none open.
+    hintable: frozenset[str] = frozenset()
+    # Policies assumed on a policy hint's word, never declared by the user: (key, value)
+    # pairs a continued search (kvspec.check.hints) and its repros run under.
+    assumed: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         from kvspec.targets.policies import CACHING_MODES, FREE_ORDERS
@@ -84,6 +109,8 @@ class Traits:
             raise ValueError(f"free_order {self.free_order!r} is not one of {', '.join(FREE_ORDERS)}")
         if self.prefix_caching not in CACHING_MODES:
             raise ValueError(f"prefix_caching {self.prefix_caching!r} is not one of {', '.join(CACHING_MODES)}")
+        if self.index_first_wins and self.index_latest_wins:
+            raise ValueError("an index cannot keep both the first and the latest block per hash")
         if self.misuse_error_map and not self.misuse_errors:
             object.__setattr__(self, "misuse_errors", tuple(dict.fromkeys(c for _, c in self.misuse_error_map)))
 

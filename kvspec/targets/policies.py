@@ -24,15 +24,30 @@ misuse_errors         misuse kind -> exception class (or its name): the document
 admit_all_blocks      (cache level) admission needs free blocks for the whole request,
                       its cached prefix included (nano-vllm's boolean can_allocate)
 free_evicts           (cache level) a block leaves the prefix cache when freed
+partial_block_caching true: the last, partly filled block is hashed and cached too
+                      (copy-on-write): I3 and MAX_HIT relaxed, KV_INTEGRITY still checked
+lru_refresh_on_lookup true: the admission check or a lookup moves a hit free block to
+                      the MRU end (back) of the free queue
+index                 "all" (vLLM: every block with a content is in the index),
+                      "latest_wins" (one block per hash, the latest cached replaces it:
+                      nano-vllm's dict), "first_wins" (one block per hash, the first keeps it)
 ====================  ==================================================================
 
+Sub-tables ``[tool.kvspec.names]`` and ``[tool.kvspec.protocol]`` (a name map and extra
+protocol calls, read by the loader) pass through validation untouched.
+
 Undeclared keys take the target kind's defaults (vLLM's policies); a user target that
-declares nothing at all gets them with a note on stderr, printed once.
+declares nothing at all gets them with a note on stderr, printed once. A declaration
+kvspec ships (``KNOWN``) applies only to the files of the installed distribution it was
+written for, found by the module's file, never by its name: a fork that keeps the
+package name ``nanovllm`` is the user's own code. ``Traits.declaration`` says which
+declaration was used, and every output shows it.
 """
 from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import importlib
 import sys
 from pathlib import Path
@@ -43,8 +58,13 @@ from kvspec.spec.misuse import MISUSE_KINDS
 
 FREE_ORDERS = ("lru_tail_first", "mru", "fifo", "sorted")
 CACHING_MODES = ("on", "off", "both")
-BOOL_KEYS = ("unhashed_free_first", "whole_prompt_hits", "admit_all_blocks", "free_evicts")
-KEYS = ("prefix_caching", "free_order", "null_block", "misuse_errors") + BOOL_KEYS
+INDEX_POLICIES = ("all", "latest_wins", "first_wins")
+BOOL_KEYS = ("unhashed_free_first", "whole_prompt_hits", "admit_all_blocks", "free_evicts",
+             "partial_block_caching", "lru_refresh_on_lookup")
+KEYS = ("prefix_caching", "free_order", "null_block", "misuse_errors") + BOOL_KEYS + ("index",)
+# Sub-tables other parts of kvspec read from the same [tool.kvspec] table (the loader's
+# name map and extra protocol calls): not policies, passed through validation untouched.
+SUBTABLES = ("names", "protocol")
 
 # vLLM's policies, what a target that declares nothing is checked against: LRU with a
 # request's tail first, everything freed to the back (vLLM >= 0.11 also sends unhashed
@@ -133,6 +153,8 @@ def validate(decl: Mapping[str, Any], where: str, module: Optional[str] = None) 
         raise UsageError(f"{where}: the policy declaration must be a table/dict, not {type(decl).__name__}")
     out: dict[str, Any] = {}
     for key, value in decl.items():
+        if key in SUBTABLES and isinstance(value, Mapping):
+            continue
         if key not in KEYS:
             raise UsageError(f"{where}: unknown policy {key!r} (known: {', '.join(KEYS)})")
         if key == "prefix_caching":
@@ -158,6 +180,10 @@ def validate(decl: Mapping[str, Any], where: str, module: Optional[str] = None) 
                 out["null_block"], out["null_block_id"] = True, value
             else:
                 raise UsageError(f"{where}: null_block must be a block id (an int >= 0) or \"none\", not {value!r}")
+        elif key == "index":
+            if value not in INDEX_POLICIES:
+                raise UsageError(f"{where}: index {value!r} is not one of {', '.join(INDEX_POLICIES)}")
+            out["index_latest_wins"], out["index_first_wins"] = value == "latest_wins", value == "first_wins"
         elif key == "misuse_errors":
             pairs = _errors(value, where, module)
             out["misuse_error_map"] = pairs
@@ -165,9 +191,16 @@ def validate(decl: Mapping[str, Any], where: str, module: Optional[str] = None) 
     return out
 
 
-def with_policies(base: Any, decl: Mapping[str, Any], where: str, module: Optional[str] = None) -> Any:
-    """``base`` (a Traits) with ``decl`` validated and applied over it."""
-    return dataclasses.replace(base, **validate(decl, where, module))
+def with_policies(base: Any, decl: Mapping[str, Any], where: str, module: Optional[str] = None,
+                  declaration: Optional[str] = None) -> Any:
+    """``base`` (a Traits) with ``decl`` validated and applied over it; ``declaration``
+    (default: ``where``) is what outputs show as the declaration used."""
+    return dataclasses.replace(base, **validate(decl, where, module), declaration=declaration or where)
+
+
+def policy_keys(decl: Optional[Mapping[str, Any]]) -> frozenset[str]:
+    """The policy keys a declaration states (its sub-tables are not policies)."""
+    return frozenset(k for k in (decl or {}) if k not in SUBTABLES)
 
 
 # -- finding a declaration -----------------------------------------------------------------
@@ -193,34 +226,66 @@ def _pyproject_table(path: Path) -> Optional[dict]:
     return table if table is None or isinstance(table, dict) else {"": table}
 
 
-def _distribution(module: Optional[str]) -> Optional[str]:
-    top = (module or "").split(".", 1)[0]
-    if not top:
+@functools.lru_cache(maxsize=None)
+def _installed_files(dist: str) -> tuple[str, frozenset[Path]]:
+    """(version, the resolved paths of the files) of installed distribution ``dist``;
+    ("", empty) where it is not installed."""
+    from importlib.metadata import PackageNotFoundError, distribution
+    try:
+        d = distribution(dist)
+    except PackageNotFoundError:
+        return "", frozenset()
+    out = set()
+    for f in d.files or ():
+        try:
+            out.add(Path(d.locate_file(f)).resolve())
+        except (OSError, ValueError):
+            continue
+    return d.version or "", frozenset(out)
+
+
+def module_file(cls: Optional[type], module: Optional[str] = None) -> Optional[Path]:
+    """The file that defines ``cls`` (or ``module``), where there is one."""
+    name = module or getattr(cls, "__module__", None)
+    f = getattr(sys.modules.get(name or ""), "__file__", None)
+    return Path(f) if f else None
+
+
+def shipped_distribution(path: Optional[Path]) -> Optional[tuple[str, str]]:
+    """(distribution, version) of the KNOWN distribution whose installed files include
+    ``path``; None for any other file, whatever its package is called."""
+    if path is None:
         return None
     try:
-        from importlib.metadata import packages_distributions
-        dists = packages_distributions().get(top) or []
-    except Exception:
+        where = Path(path).resolve()
+    except (OSError, ValueError):
         return None
-    return next((d for d in dists if d in KNOWN), None)
+    for dist in KNOWN:
+        version, files = _installed_files(dist)
+        if where in files:
+            return dist, version
+    return None
 
 
 def find_declaration(cls: Optional[type], source: Optional[Path] = None,
                      module: Optional[str] = None) -> tuple[Optional[Mapping[str, Any]], str]:
-    """(the declaration, where it was found) in precedence order: ``cls.kvspec_traits``,
-    ``[tool.kvspec]`` of the pyproject.toml nearest ``source``, kvspec's table for the
-    released distribution that ships ``module``; (None, "") when there is none."""
+    """(the declaration, where it was found, in words) in precedence order:
+    ``cls.kvspec_traits``, ``[tool.kvspec]`` of the pyproject.toml nearest ``source``,
+    kvspec's table for the released distribution whose installed files include the
+    target's file (``source``, else the module's file); (None, "") when there is none.
+    A table that holds only sub-tables (names, protocol) declares no policies."""
     decl = getattr(cls, "kvspec_traits", None) if cls is not None else None
     if decl is not None:
         return decl, f"{cls.__name__}.kvspec_traits"
     py = nearest_pyproject(source)
     if py is not None:
         table = _pyproject_table(py)
-        if table is not None:
-            return table, f"{py} [tool.kvspec]"
-    dist = _distribution(module or getattr(cls, "__module__", None))
-    if dist is not None:
-        return KNOWN[dist], f"kvspec's declaration for {dist}"
+        if table is not None and (policy_keys(table) or not isinstance(table, Mapping)):
+            return table, f"[tool.kvspec] in {py}"
+    shipped = shipped_distribution(source if source is not None else module_file(cls, module))
+    if shipped is not None:
+        dist, version = shipped
+        return KNOWN[dist], f"kvspec's declaration for {dist} {version} (installed files)".replace("  ", " ")
     return None, ""
 
 
@@ -237,10 +302,37 @@ def declared_traits(base: Any, *, cls: Optional[type], source: Optional[Path], n
             shown = ", ".join(f"{k}={v!r}" for k, v in dflt.items() if k != "misuse_errors")
             note_once(name, f"{name} declares no policies (a kvspec_traits class attribute or [tool.kvspec] "
                             f"in pyproject.toml); checking it against {defaults_name} defaults: {shown}")
-        return with_policies(base, dflt, f"{defaults_name} defaults", mod)
+        t = with_policies(base, dflt, f"{defaults_name} defaults", mod, declaration=f"none: {defaults_name} defaults")
+        return dataclasses.replace(t, hintable=frozenset(HINTABLE))
     merged = dict(defaults or {})
     merged.update(decl)
-    return with_policies(base, merged, where, mod)
+    t = with_policies(base, merged, where, mod)
+    # only what this declaration leaves open is open to hints; kvspec's shipped
+    # declarations state a release's documented policies, so they count as declared
+    return dataclasses.replace(t, hintable=frozenset(HINTABLE) - policy_keys(decl))
+
+
+# The declared policies a finding's repro is replayed under (kvspec.check.hints), with
+# the values each may take: never null_block, prefix_caching or misuse_errors (what the
+# API itself fixes, or a misuse's error class, is not a policy difference).
+HINTABLE: dict[str, tuple[Any, ...]] = {
+    "admit_all_blocks": (True, False), "free_evicts": (True, False), "whole_prompt_hits": (True, False),
+    "free_order": FREE_ORDERS, "unhashed_free_first": (True, False), "partial_block_caching": (True, False),
+    "lru_refresh_on_lookup": (True, False), "index": INDEX_POLICIES,
+}
+
+
+def policy_value(traits: Any, key: str) -> Any:
+    """The value of declarable policy ``key`` in ``traits``, as a declaration writes it."""
+    if key == "index":
+        return "latest_wins" if traits.index_latest_wins else "first_wins" if traits.index_first_wins else "all"
+    return getattr(traits, key)
+
+
+def declaration_of(target: Any) -> str:
+    """The declaration a target is checked under, in words, for every output."""
+    d = getattr(getattr(target, "traits", None), "declaration", "")
+    return d or f"kvspec's own traits for target {getattr(target, 'name', '?')}"
 
 
 def describe(traits: Any) -> str:

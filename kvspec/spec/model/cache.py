@@ -38,6 +38,7 @@ class CacheModel:
         self.admit_all_blocks = getattr(traits, "admit_all_blocks", False)
         self.whole_prompt_hits = getattr(traits, "whole_prompt_hits", False)
         self.head_first = getattr(traits, "free_order", "lru_tail_first") == "fifo"
+        self.lru_refresh = getattr(traits, "lru_refresh_on_lookup", False)
 
     def clone(self) -> "CacheModel":
         return copy.deepcopy(self)
@@ -106,6 +107,8 @@ class CacheModel:
 
     def _admit(self, q: ReqModel) -> Optional[int]:
         hits = self.hit_blocks(q.tokens)
+        if self.lru_refresh:  # the admission check reads the hits: refreshed even if then refused
+            self.pool.refresh(hits)
         need = cdiv(len(q.tokens), self.bs) - len(hits)
         revived = sum(1 for b in hits if self.pool.ref[b] == 0)
         if self.admit_all_blocks:

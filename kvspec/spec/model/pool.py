@@ -23,6 +23,8 @@ class PoolModel:
         self.noops = getattr(traits, "documented_noops", frozenset())
         self.free_evicts = getattr(traits, "free_evicts", False)
         self.latest_wins = getattr(traits, "index_latest_wins", False)
+        self.first_wins = getattr(traits, "index_first_wins", False)  # one block per hash, the first keeps it
+        self.lru_refresh = getattr(traits, "lru_refresh_on_lookup", False)
         self.ref = [0] * self.n
         self.hash: list[Optional[Hashable]] = [None] * self.n
         self.queue = [b for b in range(self.n) if b != self.null]
@@ -100,7 +102,12 @@ class PoolModel:
             for b, h in zip(op.blocks, op.hashes):
                 self.cache(b, h)
         elif isinstance(op, Lookup):
-            return self.lookup(op.hash) if self.caching else None
+            if not self.caching:
+                return None
+            found = self.lookup(op.hash)
+            if self.lru_refresh and found is not None:
+                self.refresh([found])
+            return found
         elif isinstance(op, Reset):
             return self.reset()
         return None
@@ -141,6 +148,14 @@ class PoolModel:
             back = [b for b in released if not (self.unhashed_first and self.hash[b] is None)]
             self.queue = front + self.queue + back
 
+    def refresh(self, blocks) -> None:
+        """An LRU cache's read (Traits.lru_refresh_on_lookup): each free block of
+        ``blocks`` moves to the back of the queue, the MRU end, in that order."""
+        for b in blocks:
+            if self.ref[b] == 0 and b in self.queue:
+                self.queue.remove(b)
+                self.queue.append(b)
+
     def touch(self, blocks) -> None:
         for b in blocks:
             if b == self.null:
@@ -153,6 +168,8 @@ class PoolModel:
         if not self.caching:
             return
         self.hash[b] = key
+        if self.first_wins and self.index.get(key):
+            return  # the entry stays with the first block; this one carries its hash, unindexed
         if self.latest_wins:
             for old in self.index.get(key, ()):
                 if self.ref[old] == 0:

@@ -1,0 +1,213 @@
+"""Policy hints: a finding that another declarable policy explains says so, and the
+search goes on under that policy, so a policy difference never hides a bug.
+
+After ``kvspec check`` has cut a finding down, its minimal repro is replayed under each
+other value of each declarable policy the user left undeclared (``Traits.hintable``;
+what a user declared is never second-guessed). A value under which the repro passes
+becomes a ``Hint``: the exact declaration that accepts the finding, in words. A finding
+no value explains is labelled a bug. kvspec never adopts a hint as the user's
+declaration: the finding stands and the exit code stays 1. Instead the search runs
+again, same seed, under the hinted policy (``Traits.assumed``), and what it finds there
+is reported under its own heading ("assuming `admit_all_blocks = true`: ..."), with
+repros that replay under the same assumption.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from kvspec.check.session import run_steps
+from kvspec.spec.invariants import title
+from kvspec.targets.base import Target
+from kvspec.targets.policies import HINTABLE, policy_value, with_policies
+
+# What each policy value means, said of the user's engine: "if <words>, declare ...".
+WORDS: dict[tuple[str, Any], str] = {
+    ("admit_all_blocks", True): "your engine admits a prompt only when all its blocks are free (its cached ones too)",
+    ("admit_all_blocks", False): "your engine admits a prompt when its new blocks (and the free cached blocks it "
+                                 "revives) are free",
+    ("free_evicts", True): "a block leaves your prefix cache when its last holder frees it",
+    ("free_evicts", False): "a freed block stays cached, and can be hit, until allocation reuses it",
+    ("whole_prompt_hits", True): "a prefix hit may cover the whole prompt in your engine",
+    ("whole_prompt_hits", False): "a prefix hit never covers the whole prompt in your engine",
+    ("free_order", "lru_tail_first"): "freed blocks go to the back of your free queue, a request's tail first",
+    ("free_order", "mru"): "freed blocks go to the front of your free queue (the most recently freed is reused first)",
+    ("free_order", "fifo"): "freed blocks go to the back of your free queue, a request's head first",
+    ("free_order", "sorted"): "your free queue is kept in block-id order",
+    ("unhashed_free_first", True): "freed blocks without a hash go to the front of your free queue",
+    ("unhashed_free_first", False): "freed blocks go to the back of your free queue, hashed or not",
+    ("partial_block_caching", True): "your engine hashes and caches a partly filled last block (copy-on-write)",
+    ("partial_block_caching", False): "your engine caches full blocks only",
+    ("lru_refresh_on_lookup", True): "your admission check or lookup moves a hit free block to the back (the MRU "
+                                     "end) of the free queue",
+    ("lru_refresh_on_lookup", False): "a lookup leaves your free queue's order alone",
+    ("index", "all"): "your index keeps every block that holds a content",
+    ("index", "latest_wins"): "your index keeps one block per hash and the latest cached block replaces it",
+    ("index", "first_wins"): "your index keeps one block per hash and the first cached block keeps it",
+}
+WHERE = "[tool.kvspec] in pyproject.toml or kvspec_traits"
+BUG = "no declarable policy explains this: a bug"
+MAX_ROUNDS = 3  # continued searches after the first, each under one more hinted policy
+
+
+def toml(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else f'"{value}"'
+
+
+@dataclass(frozen=True)
+class Hint:
+    key: str
+    value: Any
+
+    @property
+    def declare(self) -> str:
+        return f"{self.key} = {toml(self.value)}"
+
+    @property
+    def text(self) -> str:
+        return f"if {WORDS[(self.key, self.value)]}, declare `{self.declare}` ({WHERE})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "declare": self.declare, "text": self.text}
+
+
+def assuming(target: Target, values: dict[str, Any]) -> Target:
+    """A copy of ``target`` checked as if ``values`` were declared: a hint's assumption,
+    kept apart from the declaration (``Traits.assumed``), and no longer open to hints."""
+    t = copy.copy(target)
+    base = target.traits
+    traits = with_policies(base, values, "a policy hint", declaration=base.declaration)
+    t.traits = dataclasses.replace(traits, assumed=tuple({**dict(base.assumed), **values}.items()),
+                                   hintable=base.hintable - set(values))
+    return t
+
+
+def explain(target: Target, finding: Any) -> list[Hint]:
+    """The undeclared policy values under which ``finding``'s repro passes."""
+    out = []
+    for key, values in HINTABLE.items():
+        if key not in target.traits.hintable:
+            continue
+        now = policy_value(target.traits, key)
+        for value in values:
+            if value == now:
+                continue
+            try:
+                alt = assuming(target, {key: value})
+                passed = not run_steps(alt, finding.config, finding.steps).failed
+            except Exception:  # a value this target cannot take (or a replay that breaks): no hint
+                passed = False
+            if passed:
+                out.append(Hint(key, value))
+    return out
+
+
+def label(target: Target, finding: Any) -> None:
+    """Set ``finding.hints`` and ``finding.label`` ("policy" or "bug"); nothing where
+    every policy is declared (kvspec's own targets) or the finding cannot be replayed."""
+    if finding.kind != "violation" or finding.invariant == "NO_HANG" or not target.traits.hintable:
+        return
+    finding.hints = explain(target, finding)
+    finding.label = "policy" if finding.hints else "bug"
+
+
+def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str, Any]) -> None:
+    """Label ``report``'s violations; after a policy finding, run the search again under
+    its first hint (and again, up to MAX_ROUNDS, while the next finding is a policy one
+    too) and append each run to ``report.assuming``. ``kw``: run_check's keywords."""
+    from kvspec.check.search import run_check
+
+    for f in report.violations:
+        label(target, f)
+    last, assumed, spent = report, {}, report
+    for _ in range(MAX_ROUNDS):
+        f = next((x for x in last.violations if x.hints), None)
+        if f is None:
+            return
+        assumed = {**assumed, f.hints[0].key: f.hints[0].value}
+        hinted = assuming(target, assumed)
+        sub_kw = dict(kw)
+        if kw.get("max_examples") is not None:  # what the first run left, at least half again
+            sub_kw["max_examples"] = max(kw["max_examples"] - spent.examples, kw["max_examples"] // 2, 1)
+        else:
+            budget = kw.get("budget", 30.0)
+            sub_kw["budget"] = max(budget - spent.seconds, budget / 2)
+        sub = run_check(hinted, target_spec, **sub_kw)
+        for x in sub.violations:
+            label(hinted, x)
+        report.assuming.append(Assumption(dict(assumed), sub))
+        last = spent = sub
+
+
+@dataclass
+class Assumption:
+    """One continued search: the policies assumed (on hints' word) and what it found."""
+    values: dict[str, Any]
+    report: Any  # a CheckReport
+
+    @property
+    def heading(self) -> str:
+        said = " and ".join(f"`{k} = {toml(v)}`" for k, v in self.values.items())
+        r = self.report
+        if r.violations:
+            f = r.violations[0]
+            found = f"{title(f.invariant)} in {len(f.steps)} steps"
+        elif r.error:
+            found = f"error: {r.error}"
+        else:
+            found = f"nothing found in {r.examples} examples"
+        return f"assuming {said}: {found}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.report.to_dict()
+        return {"assume": dict(self.values), "heading": self.heading,
+                **{k: d[k] for k in ("verdict", "violations", "examples", "steps", "seconds", "error")}}
+
+
+# -- rendering (text, Markdown): called by kvspec.report --------------------------------------
+def finding_lines(f: Any, indent: str = "  ") -> list[str]:
+    """A finding's hints, or its bug label, for the text report."""
+    hints = getattr(f, "hints", None) or []
+    if hints:
+        return [f"{indent}policy hint: {h.text}" for h in hints]
+    return [f"{indent}{BUG}"] if getattr(f, "label", None) == "bug" else []
+
+
+def not_second_guessed(report: Any) -> Optional[str]:
+    """The declared policies hints left alone, in one line (None where nothing was declared
+    or every policy is kvspec's own)."""
+    hintable = getattr(report, "hintable", None)
+    if hintable is None or not hintable or len(hintable) == len(HINTABLE):
+        return None
+    declared = [k for k in HINTABLE if k not in hintable]
+    return f"declared, so not second-guessed by hints: {', '.join(declared)}"
+
+
+def assuming_lines(report: Any) -> list[str]:
+    """Each continued search under its own heading, for the text report."""
+    out = []
+    for a in getattr(report, "assuming", ()):
+        out.append(a.heading + " (a hint's assumption, not your declaration)")
+        for f in a.report.violations:
+            v = f.violations[0]
+            out.append(f"  {v.message}")
+            out += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
+            out.append(f"  repro: {f.repro}")
+            out += finding_lines(f)
+    return out
+
+
+def assuming_markdown(report: Any) -> list[str]:
+    out = []
+    for a in getattr(report, "assuming", ()):
+        out += [f"## {a.heading}", "", "A policy hint's assumption, not your declaration: the findings above stand.", ""]
+        for f in a.report.violations:
+            out.append(f"- {title(f.invariant)}: {f.violations[0].message}")
+            out += [f"  {i + 1}. `{op!r}`" for i, op in enumerate(f.steps)]
+            if f.repro:
+                out.append(f"  - repro: `{f.repro}`")
+            out += [f"  - {line.strip()}" for line in finding_lines(f)]
+        out.append("")
+    return out
