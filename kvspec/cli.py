@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true")
 
+    ap = sub.add_parser("api", help="the calls kvspec makes on a user's allocator and the internals it reads")
+    ap.add_argument("api", nargs="?", choices=["blockpool", "kvcachemanager", "nanovllm"],
+                    help="one API (default: all three)")
+    ap.add_argument("--json", action="store_true")
+
     d = sub.add_parser("diff", help="CrossHair diffbehavior on the helpers a patch changes")
     d.add_argument("--patch", required=True)
     d.add_argument("--target", default="impl")
@@ -124,10 +129,13 @@ def _dispatch(a: argparse.Namespace) -> int:
     if a.command == "bench":
         from kvspec.targets.bench import cmd_bench
         return cmd_bench(a)
+    if a.command == "api":
+        from kvspec.targets.contract import cmd_api
+        return cmd_api(a)
     if a.command == "diff":
         from kvspec.check.crosshair import cmd_diff
         return cmd_diff(a)
-    raise UsageError("kvspec: choose a command: check, mc, patches, kernels, bench, diff (see kvspec --help)")
+    raise UsageError("kvspec: choose a command: check, mc, patches, kernels, bench, diff, api (see kvspec --help)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

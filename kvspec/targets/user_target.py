@@ -82,6 +82,8 @@ from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
 from kvspec.targets.base import Driver, Target, TargetError, Traits
 from kvspec.targets.nano_loader import import_overlay, module_name, patched_files
 from kvspec.targets.nano_loader import import_module_light, stub_parents
+from kvspec.targets.contract import check_nano, check_v1, describe_exception
+from kvspec.targets.file_import import bounded, import_in_package, op_timeout, package_root, with_stand_ins
 from kvspec.targets.nanovllm_target import NANO_METHODS, NanoTarget, declared_nano_traits
 from kvspec.targets.policies import declared_traits
 
@@ -91,6 +93,7 @@ MANAGER_METHODS = ("get_computed_blocks", "allocate_slots", "free")
 API_METHODS = {"nanovllm": NANO_METHODS, "kvcachemanager": MANAGER_METHODS, "blockpool": POOL_METHODS}
 API_NAMES = {"nanovllm": "nano-vllm BlockManager", "kvcachemanager": "KVCacheManager", "blockpool": "BlockPool"}
 PROBE_SIZE = (4, 2)  # what a factory is called with to see what it returns
+_IMPL_ARGS = {"pool": (4,), "cache": (4, 2)}  # what the impl drivers' probe build passes (num_blocks[, block_size])
 
 
 # -- loading -----------------------------------------------------------------------------
@@ -157,13 +160,34 @@ def _patched_file(spec: str, path: Path, patch_text: str) -> Path:
     return out
 
 
+def _note(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def _load_file(spec: str, where: str, patch_text: Optional[str]) -> ModuleType:
+    """A file in a package is imported under its real name from its package root, without
+    its parents' ``__init__`` (``file_import``); a file in no package is executed as a
+    fresh module. Either import is bounded by ``--op-timeout``."""
     path = Path(where).expanduser()
     if not path.is_file():
         raise TargetError(f"target {spec}: no such file {where}")
     path = path.resolve()
     source = path if patch_text is None else _patched_file(spec, path, patch_text)
-    return _exec_file(spec, source, path, _alias(path, patch_text))
+    found = package_root(path)
+    if found is None:
+        alias = _alias(path, patch_text)
+        return bounded(op_timeout(), f"target {spec}: importing {where}",
+                       lambda: with_stand_ins(where, alias, _note, lambda: _exec_file(spec, source, path, alias)))
+    root, modname = found
+    files = None if patch_text is None else {modname: source}
+    try:
+        return bounded(op_timeout(), f"target {spec}: importing {modname}",
+                       lambda: import_in_package(root, modname, _note, files))
+    except (SyntaxError, ImportError, TargetError, PatchError):
+        raise
+    except Exception as e:
+        raise TargetError(f"target {spec}: importing {modname} (from {root}) raised "
+                          f"{type(e).__name__}: {e}") from None
 
 
 def _module_root(spec: str, modname: str) -> tuple[Path, str]:
@@ -182,11 +206,22 @@ def _module_root(spec: str, modname: str) -> tuple[Path, str]:
     raise TargetError(f"target {spec}: {top} has no source files to patch")
 
 
+def _cwd_on_path() -> None:
+    """The working directory comes first on sys.path, as ``python -m`` puts it: ``module:NAME``
+    names the user's module from where kvspec runs, without PYTHONPATH."""
+    cwd = str(Path.cwd())
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def _load_module(spec: str, modname: str, patch_text: Optional[str]) -> ModuleType:
+    _cwd_on_path()
     if patch_text is None:
+        top = modname.split(".", 1)[0]
         try:
-            return import_module_light(modname)
-        except (SyntaxError, ImportError):
+            return bounded(op_timeout(), f"target {spec}: importing {modname}",
+                           lambda: with_stand_ins(modname, top, _note, lambda: import_module_light(modname)))
+        except (SyntaxError, ImportError, TargetError):
             raise
         except Exception as e:
             raise TargetError(f"target {spec}: importing {modname} raised {type(e).__name__}: {e}") from None
@@ -350,18 +385,21 @@ def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType,
             raise TargetError(f"target {spec}: {cls.__name__} has the KVCacheManager methods but not "
                               f"{', '.join(missing)} (kvspec's impl API: make_request(request_id, prompt_token_ids), "
                               f"get_block_ids(request_id)), nor vLLM's constructor (kv_cache_config, ...)")
+        check_v1(spec, api, False, cls, build)
         ns = SimpleNamespace(KVCacheManager=build)
         make_driver: Callable[[Config], Driver] = lambda c: ImplCacheDriver(ns, c, features=False)  # noqa: E731
         level = "cache"
     else:
+        check_v1(spec, api, False, cls, build)
         ns = SimpleNamespace(BlockPool=build)
         make_driver = lambda c: ImplPoolDriver(ns, c)  # noqa: E731
         level = "pool"
     try:
         probe = make_driver(Config(level=level, num_blocks=4, block_size=2))
     except Exception as e:
-        raise TargetError(f"target {spec}: cannot build {cls.__name__} as kvspec's impl API does: "
-                          f"{type(e).__name__}: {e}") from None
+        raise TargetError(f"target {spec}: cannot build {cls.__name__} as kvspec's impl API does "
+                          f"({cls.__name__}({', '.join(map(str, _IMPL_ARGS[level]))}, enable_caching=True)): "
+                          f"{describe_exception(e)}") from None
     pool = probe.mgr.block_pool if level == "cache" else probe.pool
     try:
         observe_pool(pool)
@@ -389,18 +427,39 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         seq_cls = _sequence_class(module, cls)
         try:
             base = NanoTarget(cls, seq_cls, spec, make=make)
+        except TargetError as e:
+            raise TargetError(f"target {spec}: {e}") from None
+        check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
+        if pcls is not cls:
+            check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake))
+        try:
             base.check_internals()
             # Declared policies (the patched class's kvspec_traits, [tool.kvspec], kvspec's
             # table of released derivatives), else vLLM's with a note; never probed.
             traits = declared_nano_traits(pcls, seq_cls, base.api, spec, source=source)
             target = NanoTarget(pcls, _sequence_class(pmodule, pcls), name, traits, make=pmake)
         except TargetError as e:
-            raise TargetError(f"target {spec}: {e}") from None
+            raise TargetError(f"target {spec}: {e}{_why_unbuilt(str(e), make or cls)}") from None
         return target
     if is_vllm_signature(cls, api):
+        for c, m in ((cls, make), (pcls, pmake)):
+            check_v1(spec, api, True, c, m)
         return _vllm_target(name, api, pmake or pcls, pcls, source)
     _impl_target(spec, api, cls, make or cls, module, source, note=False)  # the unpatched class must pass the shape checks
     return _impl_target(name, api, pcls, pmake or pcls, pmodule, source)
+
+
+def _why_unbuilt(message: str, build: Any) -> str:
+    """Where a build that failed without a message (a bare ``assert``) failed, and what
+    kvspec passed: built once more as kvspec's probe does, to read the traceback."""
+    if "(no message)" not in message and not message.rstrip().endswith(":"):
+        return ""
+    try:
+        build(*PROBE_SIZE)
+    except Exception as e:
+        return f" ({getattr(build, '__name__', 'the factory')}(num_blocks={PROBE_SIZE[0]}, " \
+               f"block_size={PROBE_SIZE[1]}) raised {describe_exception(e)})"
+    return ""
 
 
 def _source_of(spec: str, module: ModuleType) -> Optional[Path]:
