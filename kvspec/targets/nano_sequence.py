@@ -73,12 +73,68 @@ class Sequence:
 TOKEN_PARAMS = ("token_ids", "tokens", "prompt_token_ids", "input_ids", "prompt")
 BLOCK_SIZE_PARAMS = ("block_size", "kvcache_block_size")
 ID_PARAMS = ("seq_id", "sequence_id", "request_id", "req_id", "id")
+SAMPLING_PARAMS = ("sampling_params", "sampling_param", "sampling", "params")
+# What a Sequence may read off its sampling parameters, where the package has no
+# SamplingParams kvspec can build: greedy, no end-of-sequence stop, no length cap.
+PLAIN_SAMPLING = {"temperature": 1.0, "max_tokens": 1 << 20, "ignore_eos": True}
+
+
+def default_sampling_params(seq_cls: type) -> Any:
+    """The package's own default ``SamplingParams()``: the class in the Sequence module's
+    globals, else ``sampling_params.py`` beside the module or up to two directories above
+    (executed alone: such a module holds a small dataclass); else a plain object with
+    ``PLAIN_SAMPLING``'s fields."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    module = sys.modules.get(seq_cls.__module__)
+    candidates = [getattr(module, "SamplingParams", None)]
+    f = getattr(module, "__file__", None)
+    if f:
+        here = Path(f).resolve().parent
+        for d in (here, here.parent, here.parent.parent):
+            sp = d / "sampling_params.py"
+            if sp.is_file():
+                candidates.append(_light_class(sp, "SamplingParams"))
+                break
+    for cls in candidates:
+        if isinstance(cls, type):
+            for kwargs in ({}, PLAIN_SAMPLING):
+                try:
+                    return cls(**kwargs)
+                except Exception:
+                    continue
+    return SimpleNamespace(**PLAIN_SAMPLING)
+
+
+def _light_class(path: Any, name: str) -> Any:
+    """``name`` from the file at ``path`` executed as a standalone module (None on failure)."""
+    import importlib.util
+    import sys
+
+    alias = f"_kvspec_sampling_{abs(hash(str(path)))}"
+    if alias in sys.modules:
+        return getattr(sys.modules[alias], name, None)
+    spec = importlib.util.spec_from_file_location(alias, path)
+    if spec is None or spec.loader is None:
+        return None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[alias] = mod  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+    except Exception:
+        del sys.modules[alias]
+        return None
+    return getattr(mod, name, None)
 
 
 def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
     """``make(tokens, block_size, n)`` building ``seq_cls`` by its constructor's signature:
     tokens, block size and a sequence id (``n``, as a str where the parameter is annotated
-    str) go to the parameters so named; any other parameter must have a default. Raises
+    str) go to the parameters so named, and a required ``sampling_params`` gets the
+    package's default ``SamplingParams()`` (``default_sampling_params``); any other
+    parameter must have a default. Raises
     TargetError naming a parameter kvspec cannot fill."""
     try:
         params = list(inspect.signature(seq_cls).parameters.values())
@@ -90,19 +146,25 @@ def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
             continue
         role = ("tokens" if p.name in TOKEN_PARAMS else "block_size" if p.name in BLOCK_SIZE_PARAMS
                 else "id" if p.name in ID_PARAMS else None)
+        if role is None and p.default is inspect.Parameter.empty and (
+                p.name in SAMPLING_PARAMS or "SamplingParams" in str(p.annotation)):
+            role = "sampling"
         if role is None:
             if p.default is inspect.Parameter.empty:
                 raise TargetError(f"cannot build {seq_cls.__module__}.{seq_cls.__name__}: its constructor needs "
-                                  f"{p.name!r}, and kvspec fills only token_ids, block_size and seq_id")
+                                  f"{p.name!r}, and kvspec fills only token_ids, block_size, seq_id and "
+                                  f"sampling_params")
             continue
         plan.append((p, role))
     if not any(role == "tokens" for _, role in plan):
         raise TargetError(f"cannot build {seq_cls.__module__}.{seq_cls.__name__}: its constructor has no "
                           f"token_ids parameter")
     id_is_str = any(role == "id" and p.annotation in (str, "str") for p, role in plan)
+    sampling = default_sampling_params(seq_cls) if any(role == "sampling" for _, role in plan) else None
 
     def make(tokens: list, block_size: int, n: int) -> Any:
-        values = {"tokens": list(tokens), "block_size": block_size, "id": f"kvspec-{n}" if id_is_str else n}
+        values = {"tokens": list(tokens), "block_size": block_size, "id": f"kvspec-{n}" if id_is_str else n,
+                  "sampling": sampling}
         args, kwargs = [], {}
         for p, role in plan:
             if p.kind is inspect.Parameter.POSITIONAL_ONLY:

@@ -60,11 +60,16 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
 
     Shared by every target whose pool follows that design (impl, and vLLM itself).
     The queue is walked from the head sentinel and every link is checked on the way.
+    A free list that is not a linked list (a ``deque`` or list of blocks or of block ids,
+    an ``OrderedDict`` keyed by them, possibly lazily cleaned with a companion set: see
+    ``kvspec.targets.names.read_free_list``) is read in its order instead.
     """
     q = pool.free_block_queue
     head = getattr(q, "head", None) or getattr(q, "fake_free_list_head", None)
     limit = len(pool.blocks) + 1
-    if head is None:  # vLLM before 0.10.0: no sentinels
+    if head is None and not hasattr(q, "free_list_head"):
+        queue, problems = _plain_free_list(pool, q)
+    elif head is None:  # vLLM before 0.10.0: no sentinels
         queue, problems = _walk_open_list(q, limit)
     else:
         tail = getattr(q, "tail", None) or getattr(q, "fake_free_list_tail")
@@ -105,6 +110,22 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
              for h, m in _index_items(pool.cached_block_hash_to_block)}
     null = pool.null_block.block_id if getattr(pool, "null_block", None) is not None else None
     return _observation(blocks, tuple(queue), index, pool.get_num_free_blocks(), null, requests or {}, tuple(problems))
+
+
+def _plain_free_list(pool: Any, q: Any) -> tuple[list, list]:
+    """A free list held in a container: ids in its order, and the companion set's verdict
+    where the pool cleans the list lazily (``free_block_queue_set`` or ``free_block_set``)."""
+    from kvspec.targets.names import companion_set, read_free_list
+
+    def block_id(e: Any) -> Any:
+        return getattr(e, "block_id", e)
+
+    truth = companion_set(pool, "free_block_queue")
+    if truth is None:
+        truth = companion_set(pool, "free_block_ids")
+    if truth is not None:
+        truth = {block_id(e) for e in truth}
+    return read_free_list(q, truth, key=block_id)
 
 
 def _walk_open_list(q: Any, limit: int) -> tuple[list, list]:
@@ -314,6 +335,9 @@ class _PoolTracker:
 def track_pool(pool: Any) -> Optional[_PoolTracker]:
     """Start noting what ``pool``'s ops write (see above); None if its shape does not allow it."""
     try:
+        q = pool.free_block_queue
+        if (getattr(q, "head", None) or getattr(q, "fake_free_list_head", None)) is None:
+            return None  # not a linked list with sentinels (a deque, say): observed in full
         blocks = pool.blocks
         cls = _tracked_class(type(blocks[0])) if blocks else None
         if cls is None or type(pool.cached_block_hash_to_block) not in (dict, _TrackedIndex) \
