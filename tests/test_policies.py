@@ -286,3 +286,140 @@ def test_bad_declarations_are_one_line_and_exit_2(tmp_path, capsys, decl, messag
     assert main(["check", "--target", spec, "--budget", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+
+
+# -- issue 20's vocabulary: one block per hash (first wins), LRU refresh, partial-block caching ----------
+def _variant(tmp_path: Path, name: str, old: str, new: str, attr: str = "") -> str:
+    assert old in ALLOC, old
+    d = tmp_path / "vocab"
+    d.mkdir(exist_ok=True)
+    src = ALLOC.replace(old, new)
+    if attr:
+        src = src.replace("class BlockManager:\n", f"class BlockManager:\n    {attr}\n", 1)
+    (d / f"{name}.py").write_text(src)
+    return f"{d / name}.py:BlockManager"
+
+
+FIRST_WINS = ("        self.hash_to_block_id[block.hash] = block_id  # one block per hash: the latest wins",
+              "        self.hash_to_block_id.setdefault(block.hash, block_id)  # one block per hash: the first wins")
+CAN_ALLOCATE = "    def can_allocate(self, seq) -> bool:\n        hits = self._hits(seq)\n"
+LRU_REFRESH = (CAN_ALLOCATE, CAN_ALLOCATE + '''        for b in hits:  # an LRU cache: what the admission check reads moves to the MRU end
+            if self.blocks[b].ref_count == 0:
+                self.free_block_ids.remove(b)
+                self.free_block_ids.append(b)
+''')
+
+
+def _partial_source(stale: bool = False) -> str:
+    """The example, hashing its partly filled last block too (and re-hashing it as it
+    fills); ``stale``: also the buggy example's stale entry when a free block is reused."""
+    src = ALLOC.replace('''        block = self.blocks[block_id]
+        block.hash, block.token_ids = self.compute_hash(token_ids, prefix), list(token_ids)''', '''        block = self.blocks[block_id]
+        if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
+            del self.hash_to_block_id[block.hash]  # a partial block is hashed again as it fills
+        block.hash, block.token_ids = self.compute_hash(token_ids, prefix), list(token_ids)''')
+    src = src.replace('''            if len(token_ids) == self.block_size:
+                self._cache(block_id, token_ids, prefix)
+                prefix = self.blocks[block_id].hash''', '''            self._cache(block_id, token_ids, prefix)  # the partly filled last block too
+            prefix = self.blocks[block_id].hash''')
+    src = src.replace('''            table.append(self._take_free_block())
+        elif len(seq) % self.block_size == 0:  # the token fills the last block: cache it
+            prefix = self.blocks[table[-2]].hash if len(table) > 1 else -1
+            self._cache(table[-1], seq.block(len(table) - 1), prefix)''', '''            table.append(self._take_free_block())
+        prefix = self.blocks[table[-2]].hash if len(table) > 1 else -1
+        self._cache(table[-1], seq.block(len(table) - 1), prefix)  # full or partial: hashed''')
+    assert src.count("the partly filled last block too") == 1 and src.count("full or partial") == 1
+    if stale:
+        evict = '''        if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block_id:
+            del self.hash_to_block_id[block.hash]  # evict: its content is about to be overwritten
+'''
+        assert evict in src
+        src = src.replace(evict, "")
+    return src
+
+
+def test_the_index_policy_is_validated_and_mapped():
+    from kvspec.targets.policies import validate
+    assert validate({"index": "first_wins"}, "x") == {"index_latest_wins": False, "index_first_wins": True}
+    assert validate({"index": "latest_wins"}, "x") == {"index_latest_wins": True, "index_first_wins": False}
+    assert validate({"index": "all"}, "x") == {"index_latest_wins": False, "index_first_wins": False}
+    with pytest.raises(Exception, match="index 'newest' is not one of all, latest_wins, first_wins"):
+        validate({"index": "newest"}, "x")
+    with pytest.raises(Exception, match="partial_block_caching must be true or false"):
+        validate({"partial_block_caching": 1}, "x")
+    with pytest.raises(ValueError, match="both the first and the latest"):
+        Traits(index_first_wins=True, index_latest_wins=True)
+
+
+def test_the_model_keeps_the_first_writer_and_refreshes_on_lookup():
+    from kvspec.spec.ops import Lookup
+    m = PoolModel(Config(level="pool", num_blocks=5), Traits(index_first_wins=True))
+    assert m.apply(Alloc(2)) == (1, 2)
+    m.apply(Cache((1,), ("a",)))
+    m.apply(Cache((2,), ("a",)))
+    assert m.index == {"a": [1]} and m.hash[2] == "a" and m.lookup("a") == 1
+    m.apply(Free((2,)))  # unindexed, so not cached once free
+    assert m.hash[2] is None
+    # LRU refresh: a lookup moves the free block it finds to the back of the queue
+    m = PoolModel(Config(level="pool", num_blocks=5), Traits(lru_refresh_on_lookup=True))
+    m.apply(Alloc(1))
+    m.apply(Cache((1,), ("a",)))
+    m.apply(Free((1,)))
+    m.apply(Alloc(0))
+    assert m.queue == [2, 3, 4, 1]
+    m.queue = [1, 2, 3, 4]
+    assert m.apply(Lookup("a")) == 1 and m.queue == [2, 3, 4, 1]
+    # at the cache level the admission check refreshes its hits, even when it then refuses
+    from kvspec.spec.model import CacheModel
+    c = CacheModel(Config(level="cache", num_blocks=3, block_size=2), Traits(null_block=False, lru_refresh_on_lookup=True))
+    c.apply(Admit("r1", (1, 2, 3)))  # blocks 0, 1; (1, 2) cached in 0
+    c.apply(Finish("r1"))
+    assert c.pool.queue == [2, 1, 0]
+    assert c.apply(Admit("r2", (1, 2, 5, 6, 7, 8, 9))) is None  # refused: needs 4 blocks
+    assert c.pool.queue == [2, 1, 0]  # 0 was at the back already
+    c.pool.queue = [0, 2, 1]
+    assert c.apply(Admit("r3", (1, 2, 5, 6, 7, 8, 9))) is None
+    assert c.pool.queue == [2, 1, 0]
+
+
+@pytest.mark.parametrize("name, change, declare, undeclared", [
+    ("first_wins", FIRST_WINS, 'index = "first_wins"', "INDEX_CONSISTENT"),
+    ("lru_refresh", LRU_REFRESH, "lru_refresh_on_lookup = true", "EVICTION_ORDER"),
+])
+def test_each_new_policy_passes_declared_and_is_hinted_undeclared(tmp_path, capsys, name, change, declare, undeclared):
+    key, _, value = declare.partition(" = ")
+    attr = f"kvspec_traits = {{{key!r}: {value.replace('true', 'True')}}}"
+    spec = _variant(tmp_path, name + "_declared", *change, attr=attr)
+    out = tmp_path / "r"
+    assert main(["check", "--target", spec, "--max-examples", "300", "--json", "--report-dir", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
+    spec = _variant(tmp_path, name, *change)
+    assert main(["check", "--target", spec, "--max-examples", "300", "--json", "--report-dir", str(out)]) == 1
+    d = json.loads(capsys.readouterr().out)
+    v = d["violations"][0]
+    assert v["invariant"] == undeclared and [h["declare"] for h in v["hints"]] == [declare]
+    assert d["assuming"][0]["verdict"] == "pass"  # nothing else underneath
+
+
+def test_partial_block_caching_relaxes_i3_and_keeps_kv_integrity(tmp_path, capsys):
+    d = tmp_path / "partial"
+    d.mkdir()
+    (d / "bm.py").write_text(_partial_source())
+    out = tmp_path / "r"
+    assert main(["check", "--target", f"{d / 'bm.py'}:BlockManager", "--max-examples", "300", "--json",
+                 "--report-dir", str(out)]) == 1
+    r = json.loads(capsys.readouterr().out)
+    v = r["violations"][0]
+    assert v["invariant"] == "I3" and [h["declare"] for h in v["hints"]] == ["partial_block_caching = true"]
+    assert r["assuming"][0]["verdict"] == "pass"
+    # declared: passes; with the buggy example's stale entry on top, still caught
+    (d / "pyproject.toml").write_text("[tool.kvspec]\npartial_block_caching = true\n")
+    assert main(["check", "--target", f"{d / 'bm.py'}:BlockManager", "--max-examples", "300", "--json",
+                 "--report-dir", str(out)]) == 0
+    capsys.readouterr()
+    (d / "stale.py").write_text(_partial_source(stale=True))
+    assert main(["check", "--target", f"{d / 'stale.py'}:BlockManager", "--max-examples", "1000", "--json",
+                 "--report-dir", str(out)]) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert r["violations"][0]["invariant"] in ("INDEX_CONSISTENT", "KV_INTEGRITY", "MAX_HIT"), r["violations"][0]
+    assert r["violations"][0]["label"] == "bug"

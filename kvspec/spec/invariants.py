@@ -240,6 +240,9 @@ def _entry_replaced(ctx: StepContext, b: int) -> bool:
     one_per_hash = getattr(ctx.traits, "index_latest_wins", False) or getattr(ctx.traits, "index_first_wins", False)
     if not one_per_hash or ctx.obs.blocks[b].ref <= 0:
         return False
+    if getattr(ctx.traits, "partial_block_caching", False) and ctx.hashes is not None \
+            and ctx.hashes.key_of(ctx.obs.blocks[b].hash) is None:
+        return True  # a partial block's hash (declared), which the model does not track: the entry may have moved on
     key = ctx.pool.hash[b] if ctx.comparable and b < len(ctx.pool.hash) else None
     return not ctx.comparable or (key is not None and b not in ctx.pool.index.get(key, ()))
 

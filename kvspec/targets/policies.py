@@ -307,9 +307,10 @@ def declared_traits(base: Any, *, cls: Optional[type], source: Optional[Path], n
     merged = dict(defaults or {})
     merged.update(decl)
     t = with_policies(base, merged, where, mod)
-    # only what this declaration leaves open is open to hints; kvspec's shipped
-    # declarations state a release's documented policies, so they count as declared
-    return dataclasses.replace(t, hintable=frozenset(HINTABLE) - policy_keys(decl))
+    # only what the user's declaration leaves open is open to hints; kvspec's shipped
+    # declaration states a whole release's documented policies: nothing is left open
+    shipped = any(decl is table for table in KNOWN.values())
+    return dataclasses.replace(t, hintable=frozenset() if shipped else frozenset(HINTABLE) - policy_keys(decl))
 
 
 # The declared policies a finding's repro is replayed under (kvspec.check.hints), with
