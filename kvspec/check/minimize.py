@@ -27,6 +27,16 @@ shortest repro.
 sequence of fewer steps over the domains searched fails with this invariant on the
 repro's configuration. It is None when no search could say (a misuse finding, or the budget
 ran out), never a guess.
+
+A hang (``NO_HANG``) is cut down differently, because every replay that reaches the
+hanging call waits out the op timeout again (``minimize_hang``): ddmin over the steps
+*before* the hanging call, with the reference model as the judge (the shorter prefix
+must run clean and leave the hanging call as valid, or as much a misuse of the same
+kind, as it was), never calling the hanging op; then at most ONE replay of the cut-down
+repro to confirm that it really hangs, and only if that wait ends by ``confirm_by``
+(``kvspec check`` passes the end of its budget; None: always). Unconfirmed, or not
+hanging, the repro is the steps as found: the observed hang is their confirmation.
+``minimal`` stays None: nothing shorter was ruled out.
 """
 from __future__ import annotations
 
@@ -189,14 +199,84 @@ def bfs_shortest(target: Target, config: Config, steps: Sequence[Op], invariant:
     return steps, None, config
 
 
+# -- hangs -----------------------------------------------------------------------------
+def _misuse_kind(reason: Optional[str]) -> Optional[str]:
+    """A misuse reason with its numbers blanked (a double free of block 3 or of block 5: one kind)."""
+    import re
+    return None if reason is None else re.sub(r"-?\d+", "N", reason)
+
+
+def _leads_to(target: Target, config: Config, prefix: Sequence[Op], last: Op, allow_misuse: bool,
+              want: Optional[str]) -> bool:
+    """The model's stand-in for "does prefix + [last] hang?", without calling ``last``:
+    ``prefix`` runs with no finding (and no misuse, unless allowed), and ``last`` is then
+    as valid (``want`` None) or a misuse of the same kind as it was where it hung."""
+    s = Session(target, config)
+    if s.initial:
+        return False
+    for op in prefix:
+        if not allow_misuse and s.misuse_reason(op) is not None:
+            return False
+        if s.apply(op):
+            return False
+    return _misuse_kind(s.misuse_reason(last)) == want
+
+
+def minimize_hang(target: Target, config: Config, steps: Sequence[Op], allow_misuse: bool = False,
+                  confirm_by: Optional[float] = None, max_tests: int = DDMIN_MAX_TESTS) -> list[Op]:
+    """A shorter list of steps ending in the same hanging call, or ``steps`` itself (the
+    module doc: the hanging op is called at most once more, to confirm)."""
+    from kvspec.check import watchdog
+
+    steps = list(steps)
+    if len(steps) < 2:
+        return steps
+    prefix, last = steps[:-1], steps[-1]
+    s = Session(target, config)
+    for op in prefix:
+        s.apply(op)
+    want = _misuse_kind(s.misuse_reason(last))
+    cur, n, tests = prefix, 2, 0
+    if _leads_to(target, config, [], last, allow_misuse, want):  # the hanging call alone
+        cur = []
+    while len(cur) >= 2 and tests < max_tests:  # ddmin over the prefix
+        chunk = max(len(cur) // n, 1)
+        parts = [cur[i:i + chunk] for i in range(0, len(cur), chunk)]
+        reduced = False
+        for i in range(len(parts)):
+            cand = [op for j, p in enumerate(parts) if j != i for op in p]
+            tests += 1
+            if _leads_to(target, config, cand, last, allow_misuse, want):
+                cur, n, reduced = cand, max(n - 1, 2), True
+                break
+        if not reduced:
+            if n >= len(cur):
+                break
+            n = min(n * 2, len(cur))
+    cand = cur + [last]
+    renamed = rename(cand)
+    if renamed != cand and _leads_to(target, config, renamed[:-1], renamed[-1], allow_misuse, want):
+        cand = renamed
+    if cand == steps:
+        return steps
+    wait = watchdog.default() or 0.0
+    if confirm_by is not None and time.monotonic() + wait > confirm_by:
+        return steps  # no time left to wait for one more hang: the observed one stands
+    return cand if fails_with(target, config, cand, "NO_HANG", allow_misuse=True) else steps
+
+
 def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invariant: str,
                      allow_misuse: bool = False, budget_s: float = 10.0, bfs_budget_s: float = BFS_BUDGET_S,
-                     shrink_config: bool = True, deterministic: bool = False) -> tuple[list[Op], Optional[bool], Config]:
+                     shrink_config: bool = True, deterministic: bool = False,
+                     confirm_by: Optional[float] = None) -> tuple[list[Op], Optional[bool], Config]:
     """(steps, minimal, config): the module doc's three steps. ``config`` may be a
     smaller pool than the one given, when a repro as short or shorter fails there.
     ``deterministic``: no step is cut short by the clock (ddmin is capped at
     ``DDMIN_MAX_TESTS`` replays, the BFS at ``BFS_MAX_STATES`` states), so the repro is the
-    same on any machine."""
+    same on any machine. ``confirm_by``: for a NO_HANG finding, the monotonic time by
+    which a confirming hang must end (``minimize_hang``; None: no limit)."""
+    if invariant == "NO_HANG":
+        return minimize_hang(target, config, steps, allow_misuse, confirm_by), None, config
     max_states = max_tests = None
     if deterministic:
         budget_s, bfs_budget_s, max_states, max_tests = float("inf"), float("inf"), BFS_MAX_STATES, DDMIN_MAX_TESTS

@@ -4,10 +4,19 @@ The file needs nothing but kvspec and the target. It embeds the step list, the
 configuration and, when there was one, the patch text, so it replays anywhere.
 ``KVSPEC_PATCH=none`` replays it on the unpatched target, ``KVSPEC_PATCH=x.diff``
 on another patch (a fix, say).
+
+Run from anywhere. ``TARGET`` is written as it was given (``FILE.py:NAME`` relative to
+the directory ``kvspec check`` ran in), and ``RAN_IN`` records that directory twice:
+relative to the repro file and absolute. ``replay`` loads the target from there (the
+relative form first, so a checkout moved or cloned elsewhere with its repros still
+works), whatever the current directory; ``KVSPEC_TARGET=FILE.py:NAME`` names another
+target instead (relative to the current directory). ``OP_TIMEOUT`` is the op timeout
+the finding was made under, so a ``NO_HANG`` repro hangs, and fails, as it did.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import Optional, Sequence
@@ -31,6 +40,16 @@ def _annotations(target: Target, config: Config, steps: Sequence[Op]) -> list[st
         r = model.apply(op)
         notes.append("" if r is None else f"-> {list(r) if isinstance(r, tuple) else r}")
     return notes
+
+
+def ran_in(repro_dir: Path) -> tuple[Optional[str], str]:
+    """The current directory (where ``kvspec check`` runs), relative to ``repro_dir`` and absolute."""
+    here = Path.cwd().resolve()
+    try:
+        rel: Optional[str] = Path(os.path.relpath(here, repro_dir.resolve())).as_posix()
+    except ValueError:  # another drive (Windows): only the absolute path
+        rel = None
+    return rel, str(here)
 
 
 def write_repro(directory: str | Path, target_spec: str, target: Target, config: Config, steps: Sequence[Op],
@@ -64,13 +83,17 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
           + ", ".join(f"{k} = {v!r}" for k, v in assumed.items()) + ".")
     if patch_text:
         w("KVSPEC_PATCH=none replays on the unpatched target; KVSPEC_PATCH=other.diff on another patch.")
+    w("Runs from any directory: TARGET is loaded from RAN_IN; KVSPEC_TARGET=FILE.py:NAME names another target.")
     w('"""')
     w("import os")
     w("")
     w(f"from kvspec.spec.ops import {', '.join(ops)}" if ops else "")
     w("from kvspec.check.replay import replay")
     w("")
+    from kvspec.check import watchdog
     w(f"TARGET = {target_spec!r}")
+    w(f"RAN_IN = {ran_in(directory)!r}  # where kvspec check ran: from this file, and absolute")
+    w(f"OP_TIMEOUT = {watchdog.default()!r}  # seconds per target call it ran under (None: no limit)")
     w(f"CONFIG = {config.to_dict()!r}")
     if assumed:
         w(f"ASSUME = {assumed!r}")
@@ -83,7 +106,7 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     w("")
     w("")
     w(f"def test_{invariant.lower()}_{kind}():")
-    more = ", assume=ASSUME" if assumed else ""
+    more = (", assume=ASSUME" if assumed else "") + ", op_timeout=OP_TIMEOUT, origin=(__file__, RAN_IN)"
     if patch_text:
         w('    env = os.environ.get("KVSPEC_PATCH")')
         w('    if env is None:')

@@ -19,12 +19,38 @@ messages are the full checker's, word for word. The full path stays the referenc
 ``incremental=None`` (the default) uses deltas where the driver offers them and the
 pool has at least ``INCREMENTAL_MIN_BLOCKS`` blocks, below which the full path is as
 fast; ``KVSPEC_INCREMENTAL=1`` / ``=0`` forces it on / off.
+
+The target cannot hijack kvspec
+-------------------------------
+Every call into the target (building it, an op, a full observation) goes through
+``_call``: under the op timeout (``kvspec.check.watchdog``), with ``sys.stdout`` and
+``sys.stderr`` pointed at the session's ``Tail`` (``kvspec.check.target_output``), and
+with ``SystemExit`` and ``KeyboardInterrupt`` caught: a target that calls
+``sys.exit()`` or raises ``KeyboardInterrupt`` is a ``NO_CRASH`` finding, never the end
+of kvspec (a CI gate would pass on exit 0). A real Ctrl-C (SIGINT delivered to the
+process, ``watchdog.real_interrupt``) still stops kvspec. Findings carry the last of
+what the target printed (``Violation.target_output``).
+
+A hang is paid for once
+-----------------------
+A call that hangs is remembered, per Target object, with the configuration and the
+steps before it (``_OBSERVED_HANGS``). A later session on the same target that
+reaches the same call after the same steps reports the same ``NO_HANG`` without
+calling it again: Hypothesis's final replay of the failing example, the report's
+step view and the minimizer's first check reuse the observed hang instead of
+waiting out the op timeout again. A repro file (a fresh process) calls it for real.
+
+Such a replay also gives the calls *before* the hang, which returned when it was
+observed, at least ``REPLAY_GRACE_S`` (``_limit``): with a tiny ``--op-timeout`` any call
+may overrun it, and an earlier call caught this time would make Hypothesis's replay
+of the failing example end elsewhere (a "flaky" error instead of the finding).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional, Sequence
 
 from kvspec.spec.config import Config
 from kvspec.spec.fast_check import FastStep, RequestsView, fast_check
@@ -37,11 +63,42 @@ from kvspec.spec.shadow import HashMap, ShadowKV
 from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
 from kvspec.check import watchdog
+from kvspec.check.target_output import Tail, streams
 from kvspec.check.watchdog import OpTimeout
 
 
 INCREMENTAL_MIN_BLOCKS = 64
 ASK = object()   # Session.apply's default ``misuse``: ask the model
+CAPTURE = True   # capture the target's stdout/stderr during its calls (off only to measure what it costs)
+REPLAY_GRACE_S = 1.0  # the least limit for a call that returned before, replayed on the way to a seen hang
+
+# id(target) -> (target, {op: [(config, steps before op, op timeout), ...]}): hangs seen (module doc)
+_OBSERVED_HANGS: dict[int, tuple[Target, dict]] = {}
+
+
+class _Escaped(BaseException):
+    """A target call raised SystemExit or KeyboardInterrupt (not a real Ctrl-C): carried
+    out of ``_call`` past every ``except Exception`` to the finding it becomes."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(exc)
+        self.exc = exc
+
+
+def _escape_words(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r}) (raised SystemExit)"
+    return f"raised {type(e).__name__}{': ' + str(e) if str(e) else ''} (no Ctrl-C reached kvspec)"
+
+
+def _binding_error(e: BaseException) -> Optional[str]:
+    """kvspec.targets.contract.binding_error where it exists: a one-line reason when the
+    exception is kvspec's own call not fitting the class (a TargetError, not a finding)."""
+    try:
+        from kvspec.targets.contract import binding_error
+    except ImportError:
+        return None
+    return binding_error(e)
 
 
 def _want_incremental(config: Config, incremental: Optional[bool]) -> bool:
@@ -126,20 +183,33 @@ class Session:
         self.config = config
         self.traits = target.traits
         self.op_timeout = watchdog.default()  # seconds per target call (--op-timeout); None: no limit
+        self.output = Tail()  # what the target printed during this session's calls
+        self._streams = streams(self.output)
+        watchdog.note_sigint()  # so that a target's own KeyboardInterrupt can be told from a Ctrl-C
+        known = _OBSERVED_HANGS.get(id(target))
+        self._hangs: Optional[dict] = known[1] if known is not None and known[0] is target else None
+        # the seen hangs on this configuration whose steps before it this session may be replaying
+        self._replaying: list = [] if self._hangs is None else [
+            before for entries in self._hangs.values() for cfg, before, _ in entries if cfg == config]
+        limit = self._limit()
         try:  # a target that cannot even be built or read in time is a broken target (exit 2), not a finding
-            self.driver = watchdog.guarded(self.op_timeout, target.driver, config)
-            first_obs = watchdog.guarded(self.op_timeout, self.driver.observe)
+            self.driver = self._call(target.driver, config, limit=limit)
+            first_obs = self._call(self.driver.observe, limit=limit)
         except OpTimeout as t:
             raise TargetError(f"target {target.name}: building or observing it did not return within "
                               f"{t.seconds:g} s (--op-timeout)") from None
+        except _Escaped as x:
+            raise TargetError(f"target {target.name}: building or observing it {_escape_words(x.exc)}") from None
         self.model = model_for(config, self.traits)
         self.shadow = ShadowKV(config.block_size) if config.level == "cache" else None
         self.hashes = HashMap()
         self.steps: list[Op] = []
         self.last_result: Any = None  # what the target returned for the last op
-        self.dead = False  # a call hung: the target is not touched again (see _hung)
+        self.dead = False  # a call hung (or tried to end the process): the target is not touched again
+        self._dead_escape: Optional[BaseException] = None  # the SystemExit/KeyboardInterrupt that did it
         self.obs: Observation = first_obs
-        self.initial: list[Violation] = check_step(self._context(None, self.obs, None, None, None, None))
+        self.initial: list[Violation] = self._with_output(
+            check_step(self._context(None, self.obs, None, None, None, None)))
         # incremental checking (see the module docstring): on when asked and offered
         # (the incremental check knows nothing of KV-cache groups: the group-aware model goes the full way)
         self.incremental = (_want_incremental(config, incremental) and not hasattr(self.model, "groups")
@@ -160,6 +230,44 @@ class Session:
                 self.__dict__["obs"] = obs
                 return obs
         raise AttributeError(name)
+
+    def _limit(self) -> Optional[float]:
+        """The op timeout, or at least ``REPLAY_GRACE_S`` while replaying the steps that led
+        to a seen hang (module doc)."""
+        t = self.op_timeout
+        if self._replaying and t is not None and t < REPLAY_GRACE_S:
+            return REPLAY_GRACE_S
+        return t
+
+    def _call(self, fn: Callable, *args: Any, limit: Any = ASK) -> Any:
+        """``fn(*args)``, a call into the target: under the op timeout (or ``limit``), its
+        prints captured, SystemExit / KeyboardInterrupt (not a real Ctrl-C) turned into
+        ``_Escaped``."""
+        seconds = self.op_timeout if limit is ASK else limit
+        if not CAPTURE:
+            try:
+                return watchdog.guarded(seconds, fn, *args)
+            except (SystemExit, KeyboardInterrupt) as e:
+                if isinstance(e, KeyboardInterrupt) and watchdog.real_interrupt(e):
+                    raise
+                raise _Escaped(e) from e
+        so, se = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self._streams
+        try:
+            return watchdog.guarded(seconds, fn, *args)
+        except (SystemExit, KeyboardInterrupt) as e:
+            if isinstance(e, KeyboardInterrupt) and watchdog.real_interrupt(e):
+                raise
+            raise _Escaped(e) from e
+        finally:
+            sys.stdout, sys.stderr = so, se
+
+    def _with_output(self, found: list[Violation]) -> list[Violation]:
+        """The findings, each carrying the last of what the target printed (if anything)."""
+        if not found or not self.output.total:
+            return found
+        text = self.output.text()
+        return [replace(v, target_output=text) for v in found]
 
     def _context(self, op, obs, misuse, error, result, expected) -> StepContext:
         return StepContext(op=op, config=self.config, traits=self.traits, prev=self.obs, obs=obs,
@@ -188,14 +296,29 @@ class Session:
         error: Optional[BaseException] = None
         result: Any = None
         if self.dead:
-            return self._hung(op, None)
+            return self._hung(op, None) if self._dead_escape is None else self._escaped(op, self._dead_escape)
+        limit: Any = ASK
+        if self._hangs is not None:
+            if op in self._hangs:
+                secs = self._seen_hang(op)
+                if secs is not None:
+                    return self._hung(op, None, secs, seen=True)
+            if self._replaying:
+                i = len(self.steps)
+                self._replaying = [b for b in self._replaying if len(b) > i and b[i] == op]
+                limit = self._limit()
         try:
-            result = watchdog.guarded(self.op_timeout, self.driver.apply, op)
+            result = self._call(self.driver.apply, op, limit=limit)
         except OpTimeout as t:
             return self._hung(op, t)
+        except _Escaped as x:
+            return self._escaped(op, x.exc)
         except TargetError:
             raise  # the adapter could not build the target's inputs or read its state: not a finding
         except Exception as e:  # the target's own failure is a finding, not ours
+            why = _binding_error(e)
+            if why:
+                raise TargetError(why) from None  # kvspec's own call did not fit the class: not a finding
             error = e
         expected = self.model.apply(op) if misuse is None else None
         if live is not None and (misuse is None) == (error is None):
@@ -212,9 +335,11 @@ class Session:
                 return []
         # The full way: what every step does without deltas, and the reference.
         try:
-            obs = watchdog.guarded(self.op_timeout, self.driver.observe)
+            obs = self._call(self.driver.observe, limit=limit)
         except OpTimeout as t:
             return self._hung(op, t)
+        except _Escaped as x:
+            return self._escaped(op, x.exc)
         except TargetError:
             raise
         except Exception as e:
@@ -236,18 +361,51 @@ class Session:
                 self._resync(obs)
             else:
                 self._live = None
-        return found
+        return self._with_output(found) if found else found
 
-    def _hung(self, op: Op, t: Optional[OpTimeout]) -> list[Violation]:
+    def _hung(self, op: Op, t: Optional[OpTimeout], secs: Optional[float] = None,
+              seen: bool = False) -> list[Violation]:
         """A target call did not return within the op timeout: a NO_HANG finding. The
         target may be mid-update (or still running in an abandoned thread), so the
-        session is dead from here on: every later op reports the same."""
+        session is dead from here on: every later op reports the same. ``seen``: this
+        call, after these steps, already hung on this target (not called again)."""
+        if secs is None:
+            secs = (t.seconds if t is not None else 0.0) or self.op_timeout or 0.0
+        if t is not None:  # remembered, so that the same steps on this target do not hang again
+            known = _OBSERVED_HANGS.get(id(self.target))
+            if known is None or known[0] is not self.target:
+                known = _OBSERVED_HANGS[id(self.target)] = (self.target, {})
+            known[1].setdefault(op, []).append((self.config, tuple(self.steps), secs))
+            self._hangs = known[1]
+            self._replaying = []
         self.dead = True
         self.steps.append(op)
         self.last_result = None
-        secs = (t.seconds if t is not None else 0.0) or self.op_timeout or 0.0
-        return [Violation("NO_HANG", f"{op!r} did not return within the op timeout of {secs:g} s",
-                          "the state before it is the last observed; the target is not observed again")]
+        return self._with_output([Violation(
+            "NO_HANG", f"{op!r} did not return within the op timeout of {secs:g} s",
+            "the state before it is the last observed; the target is not observed again")])
+
+    def _seen_hang(self, op: Op) -> Optional[float]:
+        """The op timeout ``op`` hung under after exactly these steps on this target, if it
+        did, and if this session's limit is no longer than that one (a longer limit might
+        have seen it return)."""
+        for config, before, secs in self._hangs.get(op, ()):
+            if config == self.config and self.op_timeout is not None and self.op_timeout <= secs \
+                    and len(before) == len(self.steps) and list(before) == self.steps:
+                return secs
+        return None
+
+    def _escaped(self, op: Op, e: BaseException) -> list[Violation]:
+        """The target called sys.exit() or raised KeyboardInterrupt: a NO_CRASH finding,
+        whether or not the op was valid (leaving the process is no way to refuse one).
+        What state the target was left in is not read."""
+        self.dead = True  # later ops are not tried on a target that tried to end the process
+        self.steps.append(op)
+        self.last_result = None
+        self._dead_escape = e
+        return self._with_output([Violation(
+            "NO_CRASH", f"{op!r}: the target {_escape_words(e)}; kvspec caught it, so the process did not end",
+            "the state after it is not observed")])
 
     # -- incremental checking ------------------------------------------------------
     def _resync(self, obs: Observation) -> None:

@@ -18,6 +18,24 @@ thread is abandoned; being a daemon it does not keep the process alive.
 A target that catches ``OpTimeout`` and goes on hanging is signalled again every
 second; after ``GIVE_UP_S`` more seconds the process exits (code 1) with one line on
 stderr, so kvspec never hangs.
+
+Never after the call returned. The handler raises only into the call it was sent for
+(not when ``_active`` names another call, or none), and not inside a context that
+would swallow the exception and print "Exception ignored in ..." after the call went
+on and returned (a ``gc`` callback such as Hypothesis's, a ``__del__``): there it asks
+the watchdog to signal again within ``RETRY_S`` instead. ``sys.unraisablehook`` drops
+any ``OpTimeout`` swallowed anyway (a weakref callback, say) and asks for the same
+retry. A late signal of ours is dropped, never passed on to a SIGALRM handler we
+replaced (pytest-timeout's would fail the test).
+
+Bounding a block. ``bounded(seconds)`` is the same limit as a ``with`` block on the
+main thread (an import that hangs, say); ``guarded(seconds, fn)`` works on any thread.
+
+Ctrl-C. A ``KeyboardInterrupt`` out of a target call is the target's own (a finding)
+unless SIGINT really reached the process: ``note_sigint()`` wraps Python's default
+SIGINT handler so that it records the signal before raising, and
+``real_interrupt(exc)`` says which it was (``kvspec.errors.Interrupted``, raised by the
+CLI's handlers, is always real).
 """
 from __future__ import annotations
 
@@ -26,14 +44,18 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
 
 DEFAULT_OP_TIMEOUT = 10.0
 _default: Optional[float] = DEFAULT_OP_TIMEOUT
 POLL_S = 0.25        # how often the watchdog thread looks at the running call
 GIVE_UP_S = 10.0     # after the first signal, how long a call that swallows it may go on
+RETRY_S = 0.01       # how soon to signal again when the handler could not raise where it landed
 _active: Optional[tuple] = None   # (call id, deadline, seconds) of the main thread's running call
 _fired: Optional[int] = None      # the call id the last signal was meant for
+_pending = False                  # a signal of ours is on its way (so the handler knows it is ours)
+_retry = False                    # the handler could not raise where it landed: signal again soon
 _seq = 0
 _watcher: Optional[threading.Thread] = None
 
@@ -61,15 +83,64 @@ _previous: Any = None  # the SIGALRM handler ours replaced (pytest-timeout's, sa
 
 
 def _on_alarm(signum, frame) -> None:
+    global _pending, _retry
+    if not _pending:  # not ours (an alarm() of someone else's): theirs to handle
+        if callable(_previous):
+            _previous(signum, frame)
+        return
+    _pending = False
     a = _active
-    if a is not None and a[0] == _fired:
-        raise OpTimeout(a[2])
-    if callable(_previous):
-        _previous(signum, frame)
+    if a is None or a[0] != _fired:
+        return  # ours, but that call has returned: dropped
+    if not _can_raise_in(frame):
+        _retry = True
+        return
+    raise OpTimeout(a[2])
+
+
+_gc_codes: tuple = ()   # the code objects of gc.callbacks, refreshed when that list changes
+_gc_seen: tuple = ()
+
+
+def _can_raise_in(frame) -> bool:
+    """Would an exception raised in ``frame`` reach the call's caller? Not where Python
+    would swallow it: a gc callback (Hypothesis registers one), a ``__del__``."""
+    global _gc_codes, _gc_seen
+    if frame is None:
+        return True
+    if frame.f_code.co_name == "__del__":
+        return False
+    import gc
+    cbs = tuple(gc.callbacks)
+    if cbs != _gc_seen:
+        _gc_seen = cbs
+        _gc_codes = tuple(c for c in (getattr(cb, "__code__", None) or
+                                      getattr(getattr(cb, "__func__", None), "__code__", None) for cb in cbs) if c)
+    f = frame
+    for _ in range(8):  # a callback's own callees: a few frames up is enough
+        if f is None:
+            break
+        if f.f_code in _gc_codes:
+            return False
+        f = f.f_back
+    return True
+
+
+def _unraisable(info) -> None:
+    """Drops an ``OpTimeout`` that Python swallowed (raised where it could not
+    propagate) and asks for another signal; everything else goes to the hook before."""
+    global _retry
+    if isinstance(info.exc_value, OpTimeout):
+        _retry = True
+        return
+    _previous_unraisable(info)
+
+
+_previous_unraisable: Callable = sys.unraisablehook
 
 
 def _watch(main_ident: int) -> None:
-    global _fired
+    global _fired, _pending, _retry
     cur = (None, 0.0, 0.0)  # (call id, first signal, last signal)
     while True:
         a = _active
@@ -79,17 +150,21 @@ def _watch(main_ident: int) -> None:
             continue
         if cur[0] == a[0]:
             if now - cur[1] > GIVE_UP_S:
-                sys.stderr.write(f"kvspec: NO_HANG: a target call did not return within {a[2]:g} s and could not "
-                                 f"be interrupted; exiting\n")
-                sys.stderr.flush()
+                err = sys.__stderr__ or sys.stderr  # not a target's captured stream
+                err.write(f"kvspec: NO_HANG: a target call did not return within {a[2]:g} s and could not "
+                          f"be interrupted; exiting\n")
+                err.flush()
                 os._exit(1)
-            if now - cur[2] < 1.0:  # signalled again each second while the same call goes on
-                time.sleep(POLL_S)
+            wait = RETRY_S if _retry else 1.0  # signalled again each second while the same call goes on
+            if now - cur[2] < wait:
+                time.sleep(min(POLL_S, wait))
                 continue
             cur = (a[0], cur[1], now)
         else:
             cur = (a[0], now, now)
+        _retry = False
         _fired = a[0]
+        _pending = True
         if signal.getsignal(signal.SIGALRM) is not _on_alarm:
             # Someone replaced our handler since (a test, pytest-timeout): raise in the main
             # thread directly; the signal below still wakes a sleeping call.
@@ -106,6 +181,7 @@ def _main_thread_ok() -> bool:
     if current is not _on_alarm:
         _previous = current
         signal.signal(signal.SIGALRM, _on_alarm)  # the main thread only: here it is
+    _hook_unraisable()
     if _watcher is None or not _watcher.is_alive():
         _watcher = threading.Thread(target=_watch, args=(threading.get_ident(),), daemon=True,
                                     name="kvspec-watchdog")
@@ -136,12 +212,13 @@ def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
         return fn(*args)
     if (_watcher is None or _get_ident() != _MAIN_IDENT) and not _main_thread_ok():
         return _in_thread(seconds, fn, args)
+    outer = _active  # a call inside a bounded() block: the block's limit comes back after it
     _seq += 1
     _active = (_seq, _mono() + seconds, seconds)
     try:
         return fn(*args)
     finally:
-        _active = None
+        _active = outer
 
 
 def _in_thread(seconds: float, fn: Callable, args: tuple) -> Any:
@@ -161,3 +238,76 @@ def _in_thread(seconds: float, fn: Callable, args: tuple) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("result")
+
+
+def _hook_unraisable() -> None:
+    global _previous_unraisable
+    if sys.unraisablehook is not _unraisable:
+        _previous_unraisable = sys.unraisablehook
+        sys.unraisablehook = _unraisable
+
+
+@contextmanager
+def bounded(seconds: Optional[float] = None) -> Iterator[None]:
+    """``with bounded(s): ...``: the block raises ``OpTimeout`` if it runs past ``s``
+    seconds (None: the op timeout, ``default()``; 0 or off: no limit). For a block of
+    code that calls into the target outside a session, such as importing the target's
+    module (which may hang at import). Only the main thread can be interrupted this
+    way; elsewhere the block runs unbounded (wrap a function with ``guarded`` there:
+    it runs in a joined thread). The caller turns ``OpTimeout`` into its own error."""
+    global _active, _seq
+    seconds = _default if seconds is None else seconds
+    if not seconds or seconds <= 0 or not _main_thread_ok():
+        yield
+        return
+    outer = _active
+    _seq += 1
+    _active = (_seq, _mono() + seconds, seconds)
+    try:
+        yield
+    finally:
+        _active = outer
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+_sigints = 0       # SIGINTs Python's default handler has seen since note_sigint()
+_sigints_taken = 0
+
+
+def _noting_int_handler(signum, frame) -> None:
+    global _sigints
+    _sigints += 1
+    signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as before
+
+
+def note_sigint() -> None:
+    """Make Python's default SIGINT handler record the signal before raising
+    KeyboardInterrupt (so ``real_interrupt`` can tell a Ctrl-C from a target that
+    raises KeyboardInterrupt itself). Any other handler is left as it is: the CLI's
+    raises ``kvspec.errors.Interrupted``, which tells it apart by type. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _noting_int_handler)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter)
+        pass
+
+
+def real_interrupt(exc: BaseException) -> bool:
+    """Was this KeyboardInterrupt a real Ctrl-C (SIGINT delivered to the process) rather
+    than one a target raised? Consumes the record of the SIGINT it accounts for."""
+    global _sigints_taken
+    from kvspec.errors import Interrupted
+    if isinstance(exc, Interrupted):
+        return True
+    if _sigints != _sigints_taken:
+        _sigints_taken = _sigints
+        return True
+    current = signal.getsignal(signal.SIGINT)
+    if current in (_noting_int_handler, signal.default_int_handler, signal.SIG_IGN, signal.SIG_DFL, None):
+        return False
+    # The CLI's handlers (kvspec.errors.interrupt_handlers) raise Interrupted, checked above.
+    # Anyone else's may raise a plain KeyboardInterrupt on a real Ctrl-C without telling
+    # us, so there the safe answer is "real" (kvspec stops).
+    return getattr(current, "__module__", None) != "kvspec.errors"
