@@ -96,10 +96,29 @@ EXTRA_DEPS = ("blake3", "setproctitle", "gguf", "diskcache", "mistral_common", "
               "pycountry", "tiktoken")
 
 
-# 0.9.x registers a Transformers config ("aimv2") that transformers 5 already has, and
-# fails at import: those releases get the transformers of their time, in their own dir.
+# Packages one range of releases needs, each range in its own dir (first release with
+# the need, first without it, dir, pinned packages):
+# - 0.9.x registers a Transformers config ("aimv2") that transformers 5 already has, and
+#   fails at import: those releases get the transformers of their time.
+# - 0.26.0-0.29.0 import ``transformers.MistralCommonBackend`` (in
+#   ``vllm/v1/structured_output/backend_guidance.py``, reached from ``vllm/v1/request.py``),
+#   which imports mistral_common, which imports jsonschema (``mistral_common/utils/
+#   json_utils.py``). mistral_common comes --no-deps, so without a jsonschema in the
+#   interpreter these releases were "not drivable"; jsonschema and what it imports
+#   (attrs, jsonschema-specifications, referencing, rpds-py) come here, pinned to the
+#   versions checked with them. 0.25.1 and 0.30.0 import neither.
 RELEASE_DEPS = (("0.9.0", "0.10.0", "_deps-0.9",
-                 ("transformers==4.53.2", "tokenizers==0.21.4", "huggingface_hub==0.34.4")),)
+                 ("transformers==4.53.2", "tokenizers==0.21.4", "huggingface_hub==0.34.4")),
+                ("0.26.0", "0.30.0", "_deps-jsonschema",
+                 ("jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0",
+                  "rpds-py==0.30.0", "attrs==26.1.0")),)
+
+
+def dist_info(pin: str) -> str:
+    """The ``.dist-info`` dir name a pinned install leaves (wheel names normalise ``-``
+    and ``.`` in the project name to ``_``): ``rpds-py==0.30.0`` -> ``rpds_py-0.30.0.dist-info``."""
+    name, _, version = pin.partition("==")
+    return f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
 
 
 def _pip_target(deps: Path, packages, present) -> None:
@@ -114,7 +133,7 @@ def install_deps(cache: Path = CACHE) -> Path:
     _pip_target(deps, EXTRA_DEPS, lambda d: (deps / d).exists())
     for _, _, name, pkgs in RELEASE_DEPS:
         d = cache / name
-        _pip_target(d, pkgs, lambda p, d=d: any(d.glob(p.replace("==", "-", 1) + ".dist-info")))
+        _pip_target(d, pkgs, lambda p, d=d: (d / dist_info(p)).is_dir())
     return deps
 
 
@@ -318,7 +337,9 @@ def write_report(rows: list[dict], out: Path, command: str, seconds: float) -> N
         "`~/.cache/kvspec/vllm-releases/X/`; `kvspec check --target vllm --level all --max-examples N --seed 0` "
         "then runs with that tree first on `PYTHONPATH`, so it shadows the installed 0.33.0 (the probe checks "
         "that `vllm.__file__` is the release's). A few releases need packages 0.33.0 does not: they go to "
-        "`~/.cache/kvspec/vllm-releases/_deps` (" + ", ".join(EXTRA_DEPS) + ").",
+        "`~/.cache/kvspec/vllm-releases/_deps` (" + ", ".join(EXTRA_DEPS) + "), and, per range of releases, "
+        "to their own dirs: " + "; ".join(f"{first} to before {until}: `{name}` ({', '.join(pkgs)})"
+                                          for first, until, name, pkgs in RELEASE_DEPS) + ".",
         "",
         "The adapter finds each release's API by feature (`kvspec/targets/vllm_compat.py`): constructor and "
         "method signatures through `inspect`, hashing helpers by name, `vllm.utils.hashing` only where the "
@@ -373,12 +394,17 @@ def write_report(rows: list[dict], out: Path, command: str, seconds: float) -> N
 
 
 NOTES = (
-    "- 0.9.0 and 0.9.0.1 (its time's policy): NO_CRASH, an IndexError (list index out of range) when a "
-    "preempted request is admitted again (5 steps). Gone in 0.9.1. Not confirmed by reading 0.9.0's code yet, "
-    "and not matched to an upstream PR: it may be a real bug of 0.9.0 or a scheduler step the one-group "
-    "driver does not replay; treat it as unconfirmed.",
-    "- Misuse (`--misuse`) was not run: no vLLM release defends against misuse, so every release would show "
-    "the same robustness findings.",
+    "- 0.9.0 and 0.9.0.1: an earlier sweep reported NO_CRASH (an IndexError when a preempted request is "
+    "admitted again, 5 steps: `Admit(r1, (1,)); Step; Step; Preempt(r1); Admit(r1)`). The IndexError is a real, "
+    "known 0.9.0 bug, vllm-project/vllm#19459 (`block_hash = block_hashes[i]` in "
+    "`single_type_kv_cache_manager.py`, a stale, too-short `req_to_block_hashes` after preemption, seen with "
+    "ngram speculative decoding), but kvspec reached it by appending decode tokens after *refused* "
+    "allocations, which vLLM's scheduler never does (it preempts at the first refusal). The cache level now "
+    "keeps to that protocol (no Step after a refused Step until the request is preempted), and finds nothing "
+    "there: API-level finding, not shown reachable through vLLM's scheduler until the engine level "
+    "(issue 21) reproduces it with speculative decoding and preemption.",
+    "- Misuse (`--misuse`) was not run: every release documents the same one defence (`get_new_blocks` over "
+    "capacity raises ValueError) and no other, so every release would show the same robustness findings.",
 )
 
 
