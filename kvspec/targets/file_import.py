@@ -258,6 +258,47 @@ def _needs_parent_init(e: ImportError, modname: str) -> bool:
     return getattr(e, "name", None) in parents or any(f"from '{p}'" in str(e) for p in parents)
 
 
+DEPENDENCY_LIMIT_S = 120.0  # an installed library's own import (torch takes 10 s and more on a busy machine)
+
+
+def import_dependencies(path: Path, root: Optional[Path], own: str) -> None:
+    """Import the installed third-party libraries that ``path``, the files beside it and its
+    parent packages' ``__init__`` import at their top, before the user's import is timed:
+    ``--op-timeout`` bounds the user's code, not torch's import time. A library that fails
+    to import is left to the user's import (a stand-in if it is not installed)."""
+    files = sorted(path.parent.glob("*.py"))
+    d = path.parent
+    while root is not None and d != root and d.parent != d:
+        files.append(d / "__init__.py")
+        d = d.parent
+    tops: set[str] = set()
+    for f in files:
+        if f.is_file():
+            tops |= _imports(f)[0]
+    local = {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
+    skip = set(sys.stdlib_module_names) | local | {own}
+    for top in sorted(tops - skip):
+        if top in sys.modules:
+            continue
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            continue
+        if found is None:
+            continue
+        origin = Path(found.origin or (list(found.submodule_search_locations or []) or ["."])[0]).resolve()
+        if root is not None and root.resolve() in origin.parents:
+            continue  # the user's own code, found on the path: timed with the rest
+        try:
+            bounded(max(DEPENDENCY_LIMIT_S, op_timeout() or 0), f"importing {top} (a library {path.name} needs)",
+                    lambda: importlib.import_module(top))
+        except TargetError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the user's import will say what is wrong
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                raise
+
+
 def bounded(seconds: Optional[float], what: str, fn: Callable[[], Any]) -> Any:
     """``fn()``, or a TargetError if it has not returned within ``seconds`` (--op-timeout)."""
     from kvspec.check.watchdog import OpTimeout, guarded

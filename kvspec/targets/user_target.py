@@ -83,7 +83,7 @@ from kvspec.targets.base import Driver, Target, TargetError, Traits
 from kvspec.targets.nano_loader import import_overlay, module_name, patched_files
 from kvspec.targets.nano_loader import import_module_light, stub_parents
 from kvspec.targets.contract import check_nano, check_v1, describe_exception
-from kvspec.targets.file_import import bounded, import_in_package, op_timeout, package_root, with_stand_ins
+from kvspec.targets.file_import import bounded, import_dependencies, import_in_package, op_timeout, package_root, with_stand_ins
 from kvspec.targets.nanovllm_target import NANO_METHODS, NanoTarget, declared_nano_traits
 from kvspec.targets.policies import declared_traits
 
@@ -174,6 +174,7 @@ def _load_file(spec: str, where: str, patch_text: Optional[str]) -> ModuleType:
     path = path.resolve()
     source = path if patch_text is None else _patched_file(spec, path, patch_text)
     found = package_root(path)
+    import_dependencies(path, found[0] if found else path.parent, found[1].split(".")[0] if found else "")
     if found is None:
         alias = _alias(path, patch_text)
         return bounded(op_timeout(), f"target {spec}: importing {where}",
