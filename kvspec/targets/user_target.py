@@ -1,8 +1,22 @@
 """User targets: ``FILE.py:NAME`` and ``module:NAME``, a user's own allocator class.
 
-Loading. ``FILE.py`` is executed as a fresh module (its directory on ``sys.path`` while
-it runs, so it can import its neighbours); ``module`` is imported by name. ``NAME`` may
-be dotted (``Outer.Inner``). Nothing is cached between loads of different patches.
+Loading, as the user's own code runs (``kvspec.targets.file_import``). A ``FILE.py`` in a
+package (its own absolute imports name its top-level package, or a chain of
+``__init__.py``, or relative imports say so) is imported under its real dotted name from
+the package root, without running the parent packages' ``__init__`` unless the module
+imports a name only an ``__init__`` defines; an installed package of the same name is set
+aside for the import. A ``FILE.py`` in no package is executed as a fresh module (its
+directory on ``sys.path`` while it runs, so it can import its neighbours). ``module`` is
+imported by name, with the working directory first on ``sys.path``. A third-party module
+the import needs that is not installed is stood in for, with a note on stderr (calling it
+later is exit 2). The import is bounded by ``--op-timeout`` (the installed libraries the
+file imports are imported first, untimed: torch's import is not the user's hang).
+``NAME`` may be dotted (``Outer.Inner``). Nothing is cached between loads of different
+patches.
+
+The contract (``kvspec.targets.contract``, printed by ``kvspec api``). Before anything is
+called, every call the driver will make is bound against the class's signatures; a call
+that does not fit is a one-line TargetError giving the call kvspec makes.
 
 What NAME may be. A class, built by kvspec with its API's constructor convention, or a
 factory (any other callable) called with that same convention and returning the
