@@ -451,3 +451,22 @@ def test_a_protocol_declaration_in_pyproject_and_its_mistakes(tmp_path):
     (tmp_path / "pyproject.toml").write_text('[tool.kvspec.protocol]\nafter_append = "nope"\n')
     with pytest.raises(UsageError, match="has no method 'nope'"):
         read_protocol(t.manager_cls, f)
+
+
+# -- stale index entries: observed where the manager's own lookup still takes them ------------
+STALE = BASE.replace("        if blk.hash != -1 and self.hash_to_block_id.get(blk.hash) == b:\n"
+                     "            del self.hash_to_block_id[blk.hash]\n", "")  # reuse keeps the old entry
+# A lookup that checks the block still holds that hash makes a stale entry harmless. (Comparing
+# the block's tokens, as nano-vllm does, is not enough: equal tokens behind another prefix.)
+HASH_CHECK = ("            if b is None:\n                break\n",
+              "            if b is None or self.blocks[b].hash != h:\n                break\n")
+
+
+def test_a_stale_index_entry_the_lookup_takes_is_index_consistent(tmp_path):
+    assert STALE != BASE and HASH_CHECK[0] in STALE
+    f = _write(tmp_path, "stale", STALE)
+    report = _check(load_target(f"{f}:BlockManager"), tmp_path, 200)
+    assert report.verdict == "violation" and report.violations[0].invariant == "INDEX_CONSISTENT"
+    # stale entries stay, and the lookup checks the block's hash: nothing wrong is ever hit
+    f = _write(tmp_path, "stale_checked", STALE.replace(*HASH_CHECK))
+    assert _check(load_target(f"{f}:BlockManager"), tmp_path, 200).verdict == "pass"

@@ -353,6 +353,8 @@ class NanoDriver(Driver):
         # where nano-vllm's scheduler would have preempted (the model keeps it waiting).
         self.pending: dict[str, list[int]] = {}
         self.content: dict[Any, tuple[int, ...]] = {}  # hash -> the block tokens it was computed for
+        self.prefix_of: dict[Any, tuple[int, ...]] = {}  # hash -> the tokens up to its block's end
+        self.probed: dict[tuple, bool] = {}  # (hash, block, the block's hash and tokens) -> the lookup hits it
 
     # -- forking, for the model checker ------------------------------------------------------
     # A manager and its Sequences are plain Python objects: a deep copy is a faithful,
@@ -606,9 +608,24 @@ class NanoDriver(Driver):
                 self.content.setdefault(h, tuple(t))
         table = nm.get(m, "hash_to_block_id")
 
-        def hittable(h, b) -> bool:  # what allocate's lookup accepts: the block's tokens match
-            return type(b) is int and 0 <= b < n and (hashes[b] == h  # still the block it names
-                                                      or self.content.get(h) == tuple(toks[b]))
+        for rid in self.running:  # the prefix each held hash was computed for (probing stale entries)
+            seq = self.seqs[rid]
+            seq_tokens = getattr(seq, "token_ids", None)
+            if seq_tokens is None:
+                continue
+            for i, b in enumerate(self._seq_get(seq, "block_table")):
+                h = hashes[b] if type(b) is int and 0 <= b < n else None
+                if _has_hash(h) and h not in self.prefix_of and (i + 1) * self.bs <= len(seq_tokens):
+                    self.prefix_of[h] = tuple(seq_tokens[:(i + 1) * self.bs])
+
+        def hittable(h, b) -> bool:  # what allocate's lookup accepts: the block's tokens match,
+            if not (type(b) is int and 0 <= b < n):  # or the manager's own lookup takes it anyway
+                return False
+            if hashes[b] == h:
+                return True
+            if h in self.prefix_of:  # the manager's own lookup says
+                return self._lookup_takes(h, b, hashes[b], toks[b])
+            return self.content.get(h) == tuple(toks[b])  # no prefix to ask with: nano-vllm's token check
 
         states, index = [], {}
         for b, blk in enumerate(blocks):
@@ -623,6 +640,66 @@ class NanoDriver(Driver):
         return Observation(blocks=tuple(states), queue=tuple(free), index={h: tuple(v) for h, v in index.items()},
                            free_count=len(free), null_block=None, requests=self._requests(),
                            queue_problems=tuple(problems))
+
+    def _lookup_takes(self, h: Any, b: int, now: Any, tokens: Any) -> bool:
+        """Whether the manager's own lookup hits block ``b`` for the prefix that hash ``h``
+        was computed for, though ``b`` now holds something else (a stale entry): asked of a
+        deep copy of the manager, admitting that prefix plus one token. A manager whose
+        lookup compares the block's tokens (nano-vllm) refuses it, and the entry is left
+        out as unreachable; one whose lookup does not would hand out wrong KV, and the
+        entry is observed (INDEX_CONSISTENT). Unknown (no recorded prefix, a refusal or an
+        error before the lookup): left out. Remembered per (entry, block content)."""
+        prefix = self.prefix_of.get(h)
+        if prefix is None:
+            return False
+        try:
+            key = (h, b, now, tuple(tokens))
+        except TypeError:
+            return False
+        if key in self.probed:
+            return self.probed[key]
+        found = self._probe_lookup(prefix, b)
+        if found is not None:  # a refusal says nothing: asked again later
+            self.probed[key] = found
+        return bool(found)
+
+    def _probe_lookup(self, prefix: tuple, b: int) -> Optional[bool]:
+        i = len(prefix) // self.bs - 1
+        try:
+            mgr = copy.deepcopy(self.mgr)
+            seq = self.make_seq(list(prefix) + [prefix[-1]], self.bs, 0)
+            try:
+                seq.block_size = self.bs
+            except AttributeError:
+                pass
+        except Exception:
+            return None
+        alloc = getattr(mgr, self.meth["allocate"])
+        ask = getattr(mgr, self.meth["can_allocate"])
+        try:
+            if self.chunked:
+                answer = ask(seq, len(seq))
+                if self._refused(answer):
+                    return None
+                if self.alloc_args >= 3:
+                    alloc(seq, answer if type(answer) is int else 0, self.bs)
+                else:
+                    alloc(seq, self.bs)
+            elif self.counted:
+                answer = ask(seq)
+                if self._refused(answer):
+                    return None
+                alloc(seq, answer)
+            else:
+                alloc(seq)  # the boolean generation looks up inside allocate: capacity aside
+        except Exception:
+            pass  # a lookup done before the failure still shows in the table
+        try:
+            table = list(self._seq_get(seq, "block_table"))
+            cached = self._seq_get(seq, "num_cached_tokens")
+        except AttributeError:
+            return False
+        return len(table) > i and table[i] == b and isinstance(cached, int) and cached >= (i + 1) * self.bs
 
     def _observe_hook(self) -> Observation:
         """The state as the manager's ``kvspec_observe`` reports it (kvspec.targets.names)."""
