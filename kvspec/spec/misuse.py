@@ -63,11 +63,12 @@ def misuse_kind(reason: Optional[str]) -> Optional[str]:
 
 def documented_errors(traits: Any, reason: Optional[str]) -> tuple[type[BaseException], ...]:
     """The error classes ``traits`` document for the misuse ``reason``: the class mapped
-    to its kind, else the one mapped to "*", else every documented class (none: the
-    target documents no defence, and its findings are robustness findings)."""
+    to its kind, else the one mapped to "*"; without a map, every documented class. None:
+    the target documents no defence for this misuse, and its findings for it are
+    robustness findings. A map without "*" documents only the kinds it names (vLLM
+    documents one: ``over_alloc`` raises ValueError), as the ``misuse_errors`` key says."""
     pairs = dict(getattr(traits, "misuse_error_map", ()) or ())
     if pairs:
         cls = pairs.get(misuse_kind(reason) or "") or pairs.get("*")
-        if cls is not None:
-            return (cls,)
+        return () if cls is None else (cls,)
     return tuple(getattr(traits, "misuse_errors", ()) or ())

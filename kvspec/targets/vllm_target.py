@@ -9,7 +9,10 @@ feature in ``vllm_compat`` (tools/vllm_releases.py runs them all).
 What vLLM documents, and so the reference model follows:
 - freed blocks without a hash go to the front of the free queue, in order; cached
   ones to the LRU tail (``BlockPool.free_blocks``);
-- no misuse defence at all: misuse findings are robustness findings;
+- one misuse defence: ``BlockPool.get_new_blocks`` asked for more blocks than are free
+  raises ``ValueError`` ("Cannot get N free blocks from the pool", before it pops any;
+  vllm/v1/core/block_pool.py, every release from 0.8.0 to 0.33.0); every other misuse is
+  undefended, and its findings are robustness findings;
 - deliberate no-ops: touch/free skip the null block, ``free_blocks`` hands a block
   of another pool to that pool, and freeing a request that holds no blocks is
   allowed ("in case a request is freed (aborted) before alloc").
@@ -184,7 +187,10 @@ class VllmTarget(Target):
         # scheduler_block_size, hash_block_size and Requests that hash themselves (0.26.0 on). Older releases get
         # the one-group driver, which builds every call by feature.
         self.groups = compat.has_current_manager_api(self.up)
-        self.traits = declared_policies(Traits(null_block=null, unhashed_free_first=True, misuse_errors=(),
+        # The one documented misuse defence (see the module doc): only this kind is held to
+        # ATOMIC_REJECT with ValueError; the other kinds stay robustness findings.
+        self.traits = declared_policies(Traits(null_block=null, unhashed_free_first=True,
+                                               misuse_error_map=(("over_alloc", ValueError),),
                                                documented_noops=frozenset(noops), cache_features=self.groups))
 
     def driver(self, config: Config) -> Driver:
