@@ -119,7 +119,7 @@ def test_the_text_report_shows_hint_heading_and_bug(tmp_path, capsys):
 
 
 def test_the_right_policy_alone_is_a_policy_finding_and_nothing_underneath(tmp_path, capsys):
-    rc, d = _check(capsys, _write(tmp_path, "evicts_right", EVICTS_RIGHT), tmp_path)
+    rc, d = _check(capsys, _write(tmp_path, "evicts_right", EVICTS_RIGHT), tmp_path, n=100)
     assert rc == 1  # never adopted: the finding stands
     assert d["violations"][0]["label"] == "policy"
     assert d["violations"][0]["hints"][0]["declare"] == "free_evicts = true"

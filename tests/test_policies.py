@@ -391,10 +391,10 @@ def test_each_new_policy_passes_declared_and_is_hinted_undeclared(tmp_path, caps
     attr = f"kvspec_traits = {{{key!r}: {value.replace('true', 'True')}}}"
     spec = _variant(tmp_path, name + "_declared", *change, attr=attr)
     out = tmp_path / "r"
-    assert main(["check", "--target", spec, "--max-examples", "300", "--json", "--report-dir", str(out)]) == 0
+    assert main(["check", "--target", spec, "--max-examples", "150", "--json", "--report-dir", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
     spec = _variant(tmp_path, name, *change)
-    assert main(["check", "--target", spec, "--max-examples", "300", "--json", "--report-dir", str(out)]) == 1
+    assert main(["check", "--target", spec, "--max-examples", "150", "--json", "--report-dir", str(out)]) == 1
     d = json.loads(capsys.readouterr().out)
     v = d["violations"][0]
     assert v["invariant"] == undeclared and [h["declare"] for h in v["hints"]] == [declare]
@@ -406,7 +406,7 @@ def test_partial_block_caching_relaxes_i3_and_keeps_kv_integrity(tmp_path, capsy
     d.mkdir()
     (d / "bm.py").write_text(_partial_source())
     out = tmp_path / "r"
-    assert main(["check", "--target", f"{d / 'bm.py'}:BlockManager", "--max-examples", "300", "--json",
+    assert main(["check", "--target", f"{d / 'bm.py'}:BlockManager", "--max-examples", "150", "--json",
                  "--report-dir", str(out)]) == 1
     r = json.loads(capsys.readouterr().out)
     v = r["violations"][0]
@@ -414,7 +414,7 @@ def test_partial_block_caching_relaxes_i3_and_keeps_kv_integrity(tmp_path, capsy
     assert r["assuming"][0]["verdict"] == "pass"
     # declared: passes; with the buggy example's stale entry on top, still caught
     (d / "pyproject.toml").write_text("[tool.kvspec]\npartial_block_caching = true\n")
-    assert main(["check", "--target", f"{d / 'bm.py'}:BlockManager", "--max-examples", "300", "--json",
+    assert main(["check", "--target", f"{d / 'bm.py'}:BlockManager", "--max-examples", "150", "--json",
                  "--report-dir", str(out)]) == 0
     capsys.readouterr()
     (d / "stale.py").write_text(_partial_source(stale=True))
