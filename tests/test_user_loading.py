@@ -205,3 +205,20 @@ def test_a_bare_assert_in_the_constructor_says_what_kvspec_tried(tmp_path):
     if r.returncode != 2:
         pytest.skip("the nano driver built the manager with its own block size (issue 20 item 6)")
     assert "assert block_size == 256" in r.stderr and "block_size=" in r.stderr
+
+
+def test_the_import_limit_is_op_timeout_for_the_users_code_only(tmp_path, monkeypatch):
+    """Code under the working directory gets --op-timeout; an installed package (vLLM's
+    import alone outlasts a 10 s call limit) gets at least DEPENDENCY_LIMIT_S."""
+    from kvspec.check import watchdog
+    from kvspec.targets.file_import import DEPENDENCY_LIMIT_S, import_limit
+
+    monkeypatch.chdir(tmp_path)
+    saved = watchdog.default()
+    watchdog.set_default(3)
+    try:
+        assert import_limit("mine", tmp_path / "mine" / "engine" / "bm.py") == (3, "--op-timeout")
+        seconds, why = import_limit("pytest")  # installed, outside the working directory
+        assert seconds == DEPENDENCY_LIMIT_S and "installed" in why
+    finally:
+        watchdog.set_default(saved)

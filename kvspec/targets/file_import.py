@@ -299,13 +299,31 @@ def import_dependencies(path: Path, root: Optional[Path], own: str) -> None:
                 raise
 
 
-def bounded(seconds: Optional[float], what: str, fn: Callable[[], Any]) -> Any:
-    """``fn()``, or a TargetError if it has not returned within ``seconds`` (--op-timeout)."""
+def bounded(seconds: Optional[float], what: str, fn: Callable[[], Any], why: str = "--op-timeout") -> Any:
+    """``fn()``, or a TargetError if it has not returned within ``seconds``."""
     from kvspec.check.watchdog import OpTimeout, guarded
     try:
         return guarded(seconds, fn)
     except OpTimeout as t:
-        raise TargetError(f"{what} did not finish within {t.seconds:g} s (--op-timeout)") from None
+        raise TargetError(f"{what} did not finish within {t.seconds:g} s ({why})") from None
+
+
+def import_limit(top: str, where: Optional[Path] = None) -> tuple[Optional[float], str]:
+    """(seconds, why) for importing the top-level package ``top``: ``--op-timeout`` for the
+    user's own code (under the working directory), at least ``DEPENDENCY_LIMIT_S`` for an
+    installed library (vLLM's import takes longer than a target call may)."""
+    seconds = op_timeout()
+    if where is None:
+        try:
+            found = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            found = None
+        origin = None if found is None else (found.origin or (list(found.submodule_search_locations or []) or
+                                                               [None])[0])
+        where = Path(origin) if origin else None
+    if where and Path.cwd().resolve() not in Path(where).resolve().parents and seconds:
+        return max(seconds, DEPENDENCY_LIMIT_S), f"an installed package: at least {DEPENDENCY_LIMIT_S:g} s"
+    return seconds, "--op-timeout"
 
 
 def op_timeout() -> Optional[float]:

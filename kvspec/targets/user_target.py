@@ -97,7 +97,7 @@ from kvspec.targets.base import Driver, Target, TargetError, Traits
 from kvspec.targets.nano_loader import import_overlay, module_name, patched_files
 from kvspec.targets.nano_loader import import_module_light, stub_parents
 from kvspec.targets.contract import check_nano, check_v1, describe_exception
-from kvspec.targets.file_import import bounded, import_dependencies, import_in_package, op_timeout, package_root, with_stand_ins
+from kvspec.targets.file_import import bounded, import_dependencies, import_in_package, import_limit, op_timeout, package_root, with_stand_ins
 from kvspec.targets.nanovllm_target import NANO_METHODS, NanoTarget, declared_nano_traits
 from kvspec.targets.policies import declared_traits
 
@@ -195,9 +195,10 @@ def _load_file(spec: str, where: str, patch_text: Optional[str]) -> ModuleType:
                        lambda: with_stand_ins(where, alias, _note, lambda: _exec_file(spec, source, path, alias)))
     root, modname = found
     files = None if patch_text is None else {modname: source}
+    seconds, why = import_limit(modname.split(".", 1)[0], path)
     try:
-        return bounded(op_timeout(), f"target {spec}: importing {modname}",
-                       lambda: import_in_package(root, modname, _note, files))
+        return bounded(seconds, f"target {spec}: importing {modname}",
+                       lambda: import_in_package(root, modname, _note, files), why)
     except (SyntaxError, ImportError, TargetError, PatchError):
         raise
     except Exception as e:
@@ -233,9 +234,10 @@ def _load_module(spec: str, modname: str, patch_text: Optional[str]) -> ModuleTy
     _cwd_on_path()
     if patch_text is None:
         top = modname.split(".", 1)[0]
+        seconds, why = import_limit(top)
         try:
-            return bounded(op_timeout(), f"target {spec}: importing {modname}",
-                           lambda: with_stand_ins(modname, top, _note, lambda: import_module_light(modname)))
+            return bounded(seconds, f"target {spec}: importing {modname}",
+                           lambda: with_stand_ins(modname, top, _note, lambda: import_module_light(modname)), why)
         except (SyntaxError, ImportError, TargetError):
             raise
         except Exception as e:
