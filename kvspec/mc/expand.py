@@ -34,9 +34,13 @@ class Expander:
     """The per-search parts of an expansion, and its counters."""
 
     def __init__(self, forker: Fork, ops_of: Callable, key_of: Callable, checker: Any,
-                 next_extra: Callable[[dict, Any], dict], invariant: Optional[str]) -> None:
+                 next_extra: Callable[[dict, Any], dict], invariant: Optional[str],
+                 check: Optional[Callable[[], None]] = None) -> None:
         self.forker, self.ops_of, self.key_of, self.checker = forker, ops_of, key_of, checker
         self.next_extra, self.invariant = next_extra, invariant
+        # the caps (kvspec.mc.budget.Budget.check), asked before each transition: one
+        # state's expansion can be long (thousands of ops) or large (each op a whole state)
+        self.check = check if check is not None else _no_check
         self.transitions = 0     # ops tried (each a real step of the target plus its checks)
         self.state_checks = 0    # state checks run once per key (a failing step's full list not counted)
 
@@ -47,13 +51,18 @@ class Expander:
                also_seen: Collection = ()) -> Iterator[tuple]:
         """``(op index, op, kind, payload)`` for each transition that matters (see above).
         A key is known when it is in ``seen`` or ``also_seen``."""
-        fk, checker, key_of, next_extra = self.forker, self.checker, self.key_of, self.next_extra
-        base = fk.load(saved, obs)
-        ops = self.ops_of(base, extra)
+        fk, checker, key_of, next_extra, cap = self.forker, self.checker, self.key_of, self.next_extra, self.check
+        cap()
+        s: Any = fk.load(saved, obs)
+        ops = self.ops_of(s, extra)
         misuses = ops.misuses
-        t0 = self.transitions   # (kept current at each yield and at the end, not per op)
+        t0 = self.transitions   # (kept current before each op, so a stop mid-state counts what ran)
         for i, op in enumerate(ops):
-            s = base if i == 0 else fk.load(saved, obs)   # each op from the saved state
+            self.transitions = t0 + i
+            if i:
+                s = None   # (a session built by the fork goes before the next one is built)
+                cap()
+                s = fk.load(saved, obs)   # each op from the saved state
             if checker is not None:
                 checker.reset()
             found = s.apply(op, misuses[i])
@@ -85,3 +94,7 @@ class Expander:
                 self.transitions = t0 + i + 1
                 yield i, op, RECHECKED, k
         self.transitions = t0 + len(ops)
+
+
+def _no_check() -> None:
+    pass

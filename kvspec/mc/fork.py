@@ -1,5 +1,9 @@
 """Forking a session for the model checker: the ways a search puts one state back to try
 each op from it (see ``kvspec.mc.search``'s docstring), and ``choose_fork``.
+
+The model checker's sessions are full ones (``incremental=False``): an incremental
+session's live observation cannot be saved in place, and without the in-place fork a
+search of 64 blocks or more fell back to replaying every path (several times slower).
 """
 from __future__ import annotations
 
@@ -18,8 +22,11 @@ from kvspec.check.session import Session
 
 
 # -- forking a session -------------------------------------------------------------
-# step_check: the search's own check hook (kvspec.mc.search), shared by every copy, never pickled
-_SHARED_FIELDS = ("target", "config", "traits", "step_check")
+# step_check: the search's own check hook (kvspec.mc.search), shared by every copy, never pickled.
+# output / _streams / _hangs (kvspec.check.session): where the target's prints go and the hangs
+# seen, per search rather than per state (the streams do not pickle; a state saved in place
+# cannot hold them either), so every copy shares the template's.
+_SHARED_FIELDS = ("target", "config", "traits", "step_check", "output", "_streams", "_hangs")
 _PER_STATE_FIELDS = ("obs", "steps", "initial", "last_result")
 
 
@@ -117,7 +124,7 @@ class ReplayFork(Fork):
         return path()
 
     def load(self, saved, obs):
-        s = Session(self.shared["target"], self.shared["config"])
+        s = Session(self.shared["target"], self.shared["config"], incremental=False)
         for op in saved:
             s.apply(op)
         s.steps = []
@@ -237,7 +244,7 @@ FORKS = {"compact": CompactFork, "pickle": PickleFork, "deepcopy": DeepcopyFork,
          "driver": DriverSnapshotFork}
 
 
-def _faithful(fork: Fork, s0: Session, probe: list[Op]) -> bool:
+def _faithful(fork: Fork, s0: Session, probe: list[Op], check: Callable[[], None] = lambda: None) -> bool:
     """Does a forked copy behave like a fresh session (observation after each probe op)?
     (With an in-place fork the copy *is* ``s0``: it is put back before each use.)"""
     obs0 = s0.obs
@@ -247,8 +254,9 @@ def _faithful(fork: Fork, s0: Session, probe: list[Op]) -> bool:
         if fork.load(saved, obs0).driver.observe() != obs0:
             return False
         for op in probe:
+            check()   # (each probe builds a fresh session: as large as the search's states)
             a = fork.load(saved, obs0)
-            b = Session(s0.target, s0.config)
+            b = Session(s0.target, s0.config, incremental=False)
             ra, rb = a.apply(op), b.apply(op)
             if a.obs != b.obs or [v.invariant for v in ra] != [v.invariant for v in rb]:
                 return False
@@ -266,11 +274,13 @@ def _faithful(fork: Fork, s0: Session, probe: list[Op]) -> bool:
                 pass
 
 
-def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
+def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto", check: Callable[[], None] = lambda: None) -> Fork:
     """The fork named by ``strategy``, or with ``auto`` the first that round-trips ``s0``
     faithfully (``_faithful``: a driver that cannot be pickled, one holding a
     ``threading.Lock`` say, fails that test and the next way is tried). A named way
-    that cannot fork this target is a ``UsageError``, one line, not a traceback."""
+    that cannot fork this target is a ``UsageError``, one line, not a traceback.
+    ``check`` (the search's caps) runs before each try; its ``CapReached`` is a
+    BaseException, so ``_faithful``'s ``except Exception`` lets it through."""
     if strategy != "auto":
         if strategy not in FORKS:
             raise UsageError(f"kvspec mc: unknown fork {strategy!r} (choose: auto, {', '.join(FORKS)})")
@@ -278,7 +288,7 @@ def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
             fork = FORKS[strategy](s0)
         except TypeError as e:
             raise UsageError(f"kvspec mc: --fork {strategy} cannot fork this target ({e})") from None
-        if strategy != "replay" and not _faithful(fork, s0, probe):
+        if strategy != "replay" and not _faithful(fork, s0, probe, check):
             raise UsageError(f"kvspec mc: --fork {strategy} cannot fork this target faithfully "
                              f"(its state does not round-trip); try --fork auto")
         return fork
@@ -287,11 +297,12 @@ def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
         + (["driver"] if hasattr(s0.driver, "snapshot") and hasattr(s0.driver, "restore") else []) \
         + ["pickle", "deepcopy"]
     for name in order:
+        check()   # the search's caps (kvspec.mc.budget): trying a way of forking copies a whole state
         try:
             fork = FORKS[name](s0)
         except TypeError:
             continue
-        ok = _faithful(fork, s0, probe)
+        ok = _faithful(fork, s0, probe, check)
         if ok:   # (an in-place fork's test ends by putting s0 back into the initial state)
             return fork
         if name == "compact":
@@ -302,7 +313,7 @@ def choose_fork(s0: Session, probe: list[Op], strategy: str = "auto") -> Fork:
 def _reset(s0: Session) -> None:
     """Put ``s0`` back into the initial state, in place (a fresh session's fields; no
     pickling, so a driver that cannot be pickled is fine)."""
-    fresh = Session(s0.target, s0.config)
+    fresh = Session(s0.target, s0.config, incremental=False)
     keep = s0.__dict__.get("step_check")
     s0.__dict__.clear()
     s0.__dict__.update(fresh.__dict__)

@@ -36,10 +36,10 @@ pickle) runs in one process (``MCResult.workers`` says so).
 from __future__ import annotations
 
 import multiprocessing
-import time
 from typing import Any, Callable, Optional
 
 from kvspec.check.session import Session
+from kvspec.mc.budget import CapReached
 from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
 from kvspec.mc.fork import Fork
 from kvspec.mc.pack import decode, encode, registry
@@ -113,35 +113,45 @@ def _expand(lo: int, hi: int, local: set) -> dict:
     out: list[tuple] = []          # (frontier position, op index, op, kind, payload)
     t0, c0 = ex.transitions, ex.state_checks
 
-    def done(timeout: bool, found: bool = False) -> dict:
+    def done(timeout: bool, found: bool = False, reason: str = "") -> dict:
         return {"records": out, "transitions": ex.transitions - t0, "state_checks": ex.state_checks - c0,
-                "timeout": timeout, "found": found}
+                "timeout": timeout, "found": found, "reason": reason}
 
-    for pos in range(lo, hi):
-        if time.monotonic() > L["deadline"]:
-            return done(True)
-        sent, obs, extra, _ = frontier[pos]
-        for i, op, kind, payload in ex.expand(decode(sent, reg), obs_of(obs), extra, seen, unchecked, local):
-            if kind == FOUND or kind == PRUNED or kind == RECHECKED:
-                # (a pruned transition's violations are not needed by the merge: not sent)
-                out.append((pos, i, op, kind, None if kind == PRUNED else payload))
-                if kind == FOUND:   # no transition after it can come first
-                    return done(False, True)
-                continue
-            k, checked, t, ex2 = payload
-            local.add(k)
-            if last:
-                state = None
-            elif L["in_child"]:   # travels back to the search
-                state = (encode(fk, fk.save(t, lambda: []), reg), flat_obs(t.obs))
-            else:   # stays in the search's process, and the next level's workers inherit it
-                state = (fk.save(t, lambda: []), t.obs)
-            out.append((pos, i, op, NEW, (k, checked, state, ex2)))
+    try:
+        for pos in range(lo, hi):
+            _expand_one(pos, frontier, seen, unchecked, local, last, ex, fk, reg, out)
+            if out and out[-1][3] == FOUND:   # no transition after it can come first
+                return done(False, True)
+    except CapReached as e:   # (the expander checks the caps before each transition)
+        return done(True, reason=e.reason)
     return done(False)
 
 
+def _expand_one(pos: int, frontier: list, seen: set, unchecked: set, local: set, last: bool, ex: Expander,
+                fk: Fork, reg: dict, out: list) -> None:
+    """One frontier state's records, appended to ``out`` (stops at a finding)."""
+    L = _LEVEL
+    sent, obs, extra, _ = frontier[pos]
+    for i, op, kind, payload in ex.expand(decode(sent, reg), obs_of(obs), extra, seen, unchecked, local):
+        if kind == FOUND or kind == PRUNED or kind == RECHECKED:
+            # (a pruned transition's violations are not needed by the merge: not sent)
+            out.append((pos, i, op, kind, None if kind == PRUNED else payload))
+            if kind == FOUND:   # no transition after it can come first
+                return
+            continue
+        k, checked, t, ex2 = payload
+        local.add(k)
+        if last:
+            state = None
+        elif L["in_child"]:   # travels back to the search
+            state = (encode(fk, fk.save(t, lambda: []), reg), flat_obs(t.obs))
+        else:   # stays in the search's process, and the next level's workers inherit it
+            state = (fk.save(t, lambda: []), t.obs)
+        out.append((pos, i, op, NEW, (k, checked, state, ex2)))
+
+
 def run_level(workers: int, frontier: list, seen: set, unchecked: set, expander: Expander, last: bool,
-              reg: dict, deadline: float) -> tuple[list[dict], int]:
+              reg: dict) -> tuple[list[dict], int]:
     """Expand one level over up to ``workers`` processes: the chunks' results in
     frontier order, and how many processes took part."""
     n = len(frontier)
@@ -151,7 +161,7 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, expander:
     bounds = [n * j // chunks for j in range(chunks + 1)]
     ctx = multiprocessing.get_context("fork")
     _LEVEL.update(frontier=frontier, bounds=bounds, seen=seen, unchecked=unchecked, expander=expander,
-                  last=last, registry=reg, deadline=deadline, in_child=False,
+                  last=last, registry=reg, in_child=False,
                   counter=ctx.Value("l", 0), stop=ctx.Value("l", chunks))
     try:
         if k == 1:
@@ -183,7 +193,7 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, expander:
         by_chunk = {c: r for sh in shares for c, r in sh["chunks"].items()}
         # in chunk order, the one-process order; a chunk nobody claimed lies past a
         # finding (the merge stops before it) or a timeout, and reads as one
-        missing = {"records": [], "transitions": 0, "state_checks": 0, "timeout": True, "found": False}
+        missing = {"records": [], "transitions": 0, "state_checks": 0, "timeout": True, "found": False, "reason": ""}
         return [by_chunk.get(c, missing) for c in range(chunks)], k
     finally:
         _LEVEL.clear()
@@ -212,16 +222,18 @@ def path_of(parents: list[tuple[int, Optional[Op]]], i: int) -> list[Op]:
 def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Session, extra0: dict, seen: set,
                     key_of: Callable,
                     ops_of: Callable, checker: Any, invariant: Optional[str], next_extra: Callable,
-                    parents: list, deadline: float, max_states: Optional[int]) -> str:
+                    parents: list, budget: Any, max_states: Optional[int], ex: Expander) -> str:
     """The level loop of ``kvspec.mc.search.model_check`` over ``workers`` processes;
-    fills ``res`` in and returns the verdict."""
+    fills ``res`` in and returns the verdict. ``ex`` checks ``budget``'s caps before each
+    transition, in every process (a forked worker's memory is its own: each may grow by
+    the cap); a chunk stopped by a cap ends the search, incomplete, after the merge."""
     unchecked: set = set()
     reg = registry(forker)
-    ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant)
     frontier: list = [(encode(forker, forker.save(s0, lambda: []), reg), s0.obs, extra0, 0)]
     for d in range(1, depth + 1):
         last = d == depth
-        results, procs = run_level(workers, frontier, seen, unchecked, ex, last, reg, deadline)
+        budget.depth = d
+        results, procs = run_level(workers, frontier, seen, unchecked, ex, last, reg)
         if procs > 1:
             res.split_levels += 1
         nxt: list = []
@@ -254,7 +266,7 @@ def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Sessio
                     res.reason = f"state cap of {max_states} reached at depth {d}"
                     return "incomplete"
             if r["timeout"]:
-                res.reason = f"time cap reached at depth {d}"
+                res.reason = r["reason"] or budget.time_reason()
                 return "incomplete"
         res.levels.append(len(nxt))
         res.depth = d

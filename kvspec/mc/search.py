@@ -118,7 +118,6 @@ a large search go further before the cap.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -136,6 +135,7 @@ from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
 from kvspec.mc.fork import Fork, choose_fork
 from kvspec.mc.pack import can_pack, decode, encode, registry
 from kvspec.mc.split import StepChecker
+from kvspec.mc.budget import Budget, CapReached, refuse_if_too_large, rss_bytes  # noqa: F401 (rss_bytes: re-exported)
 
 # -- the result ----------------------------------------------------------------------
 @dataclass
@@ -162,6 +162,7 @@ class MCResult:
     split_levels: int = 0              # levels it expanded over more than one process
     packed_from: Optional[int] = None  # the depth from which frontier states were kept packed (PACK_AT)
     peak_rss_mib: float = 0.0
+    interrupted: Optional[str] = None  # "SIGINT" or "SIGTERM" where a signal stopped the search
     repro: Optional[str] = None
     replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
 
@@ -192,7 +193,8 @@ class MCResult:
             "bounds": self.bounds.to_dict(), "levels": self.levels, "pruned": self.pruned, "fork": self.fork,
             "fork_fallbacks": self.fork_fallbacks, "check_once": self.check_once, "state_checks": self.state_checks,
             "workers": self.workers, "split_levels": self.split_levels, "packed_from": self.packed_from,
-            "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "peak_rss_mib": round(self.peak_rss_mib, 1), "interrupted": self.interrupted,
+            "complete": self.verdict != "incomplete",
         }
 
 
@@ -204,15 +206,6 @@ class MCResult:
 # searches run at full speed, large ones reach further before the cap. Packing changes
 # no state, transition or counterexample (tests/test_mc_modes.py).
 PACK_AT = 0.25
-
-
-def rss_bytes() -> int:
-    """Resident memory of this process (Linux ``/proc/self/statm``; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _next_extra(extra: dict, op: Op) -> dict:
@@ -254,168 +247,223 @@ class _Progress:
 def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bounds] = None, *,
                 time_cap: float = 300.0, mem_cap_gib: float = 2.0, progress: bool = False,
                 invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None,
-                max_states: Optional[int] = None, check_once: bool = True, workers: int = 1) -> MCResult:
+                max_states: Optional[int] = None, check_once: bool = True, workers: int = 1,
+                budget: Optional[Budget] = None, partial_on_interrupt: bool = False) -> MCResult:
     """Breadth-first search of every state reachable in at most ``depth`` valid ops.
 
     Returns the first (so shortest) failing path as ``counterexample``; with
-    ``invariant``, only a failure whose first invariant is that one counts."""
+    ``invariant``, only a failure whose first invariant is that one counts.
+
+    Bounded by construction (``kvspec.mc.budget``): a configuration whose one state
+    would not fit ``mem_cap_gib`` is refused (``UsageError``); the caps are checked
+    before every transition and between the set-up's phases, and a single call that
+    runs past them is interrupted. A stop at a cap returns what the search reached,
+    verdict ``incomplete`` with the reason. With ``partial_on_interrupt`` (the command
+    line), a Ctrl-C or SIGTERM does the same (``MCResult.interrupted`` names the signal);
+    otherwise it propagates. ``budget`` replaces the one made from the caps (tests: a
+    fake clock or memory reading)."""
     bounds = bounds or Bounds()
     if config.level not in target.traits.levels:
         raise TargetError(f"target {target.name} does not support the {config.level} level")
-    start = time.monotonic()
-    deadline = start + time_cap
-    # The cap is on what the search itself adds: a process that loaded torch and vLLM, or a
-    # long-lived test worker, must get the same verdict as a fresh one.
-    mem_cap = int(mem_cap_gib * 2**30)
-    rss_at_start = rss_bytes()
+    if budget is None:
+        refuse_if_too_large(config.num_blocks, mem_cap_gib)
+        budget = Budget(time_cap, mem_cap_gib, config.num_blocks)
     res = MCResult("pass", config, bounds, depth, check_once=check_once)
     prog = _Progress(progress)
-    forker: Optional[Fork] = None
-    ex: Optional[Expander] = None
+    run = _Search(target, config, depth, bounds, res, budget, prog, invariant, fork, key_memo, max_states,
+                  check_once, workers)
+    try:
+        with budget.guard():
+            verdict = run.search()
+    except CapReached as e:
+        res.reason = e.reason
+        verdict = "incomplete"
+    except KeyboardInterrupt as e:
+        if not partial_on_interrupt:
+            raise
+        res.interrupted = _signal_name(e)
+        res.reason = f"interrupted ({res.interrupted}) at depth {budget.depth}"
+        verdict = "incomplete"
+    res.verdict = verdict
+    ex, forker = run.ex, run.forker
+    if ex is not None:
+        res.transitions, res.state_checks = ex.transitions, ex.state_checks
+    res.seconds = budget.clock() - budget.start
+    res.fork_fallbacks = getattr(forker, "fallbacks", 0) if forker is not None else 0
+    budget.sample_rss()
+    res.peak_rss_mib = max(res.peak_rss_mib, budget.peak_rss_mib)
+    prog.done()
+    return res
 
-    def finish(verdict: str) -> MCResult:
-        res.verdict = verdict
-        if ex is not None:
-            res.transitions, res.state_checks = ex.transitions, ex.state_checks
-        res.seconds = time.monotonic() - start
-        res.fork_fallbacks = getattr(forker, "fallbacks", 0) if forker is not None else 0
-        res.peak_rss_mib = max(res.peak_rss_mib, rss_bytes() / 2**20)
-        prog.done()
-        return res
 
-    s0 = Session(target, config)
-    res.states = 1
-    res.levels = [1]
-    if s0.initial:
-        if invariant is None or s0.initial[0].invariant == invariant:
-            res.counterexample, res.violations = [], s0.initial
-            return finish("violation")
-        return finish("pass")  # every path starts past another failure: none can end in this one
-    cache = config.level == "cache"
-    extra0: dict = {"next_request": 1, "prompt_lens": {}} if cache else {}
+def _signal_name(e: BaseException) -> str:
+    """"SIGINT" or "SIGTERM" (``kvspec.errors.Interrupted``); a plain KeyboardInterrupt is a Ctrl-C."""
+    name = str(e) if type(e).__name__ == "Interrupted" else ""
+    return name if name.startswith("SIG") else "SIGINT"
 
-    unsupported = getattr(target.traits, "unsupported_ops", frozenset())
 
-    ops_memo: dict = {}
+class _Search:
+    """One search's state, so that a stop anywhere (a cap, an interrupt) leaves in ``res``
+    and ``ex`` what it reached."""
 
-    def ops_of(s: Session, extra: dict) -> EnabledOps:
-        if cache:
-            ops = with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
-                                                prompt_lens=extra["prompt_lens"]), unsupported)
-        else:
-            m = s.model
-            mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
-            ops = ops_memo.get(mk) if mk is not None else None
-            if ops is None:
-                ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
-                if mk is not None and len(ops_memo) < 1 << 16:
-                    ops_memo[mk] = ops
-        return ops
+    def __init__(self, target: Target, config: Config, depth: int, bounds: Bounds, res: MCResult, budget: Budget,
+                 prog: _Progress, invariant: Optional[str], fork: str, key_memo: Optional[bool],
+                 max_states: Optional[int], check_once: bool, workers: int) -> None:
+        self.target, self.config, self.depth, self.bounds, self.res = target, config, depth, bounds, res
+        self.budget, self.prog, self.invariant, self.fork, self.key_memo = budget, prog, invariant, fork, key_memo
+        self.max_states, self.check_once, self.workers = max_states, check_once, workers
+        self.ex: Optional[Expander] = None
+        self.forker: Optional[Fork] = None
+        self.frontier_len = 0
 
-    sym = bounds.symmetry
-    forker = choose_fork(s0, ops_of(s0, extra0)[:3], fork)
-    res.fork = forker.name
-    checker = StepChecker() if check_once else None
-    forker.shared["step_check"] = checker
-    s0.step_check = checker
-    parents: list[tuple[int, Optional[Op]]] = [(-1, None)]
+    def _poll(self, now: float) -> None:   # progress, from Budget.check (at most every RSS_EVERY_S)
+        ex = self.ex
+        self.prog.show(now, self.budget.start, self.budget.depth, self.frontier_len, self.res.states,
+                       ex.transitions if ex is not None else 0)
 
-    def path_to(i: int) -> list[Op]:
-        out = []
-        while i > 0:
-            i, op = parents[i]
-            out.append(op)
-        return out[::-1]
+    def search(self) -> str:
+        target, config, depth, bounds, res, budget = self.target, self.config, self.depth, self.bounds, self.res, self.budget
+        invariant, max_states, workers = self.invariant, self.max_states, self.workers
+        prog, start = self.prog, budget.start
+        budget.on_poll = self._poll
+        check = budget.check
+        # A full session (not incremental: its live observation cannot be saved in place),
+        # so the in-place fork can put it back into each state; the checks are the same.
+        s0 = Session(target, config, incremental=False)
+        res.states = 1
+        res.levels = [1]
+        if s0.initial:
+            if invariant is None or s0.initial[0].invariant == invariant:
+                res.counterexample, res.violations = [], s0.initial
+                return "violation"
+            return "pass"  # every path starts past another failure: none can end in this one
+        check()
+        cache = config.level == "cache"
+        extra0: dict = {"next_request": 1, "prompt_lens": {}} if cache else {}
 
-    def counterexample(idx: int, op: Op, found: list[Violation], depth: int) -> MCResult:
-        res.counterexample = path_to(idx) + [op]
-        res.violations = found
-        res.depth = depth
-        return finish("violation")
+        unsupported = getattr(target.traits, "unsupported_ops", frozenset())
 
-    if key_memo is None:
-        key_memo = not cache   # at pool level most transitions revisit an exact state (see KeyMemo)
-    key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
-    seen = {key_of(s0, extra0)}   # the initial state: every check ran in Session()
-    unchecked: set = set()        # keys seen whose state checks have not run on a comparable step
-    # Can the saved states be packed: for --workers (they travel between processes so),
-    # and past PACK_AT of the memory cap (see PACK_AT). One round trip on s0, asked once.
-    packable = can_pack(forker, s0)
+        ops_memo: dict = {}
 
-    def next_extra(extra: dict, op: Op) -> dict:
-        return _next_extra(extra, op) if cache else extra
+        def ops_of(s: Session, extra: dict) -> EnabledOps:
+            if cache:
+                ops = with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+                                                    prompt_lens=extra["prompt_lens"]), unsupported)
+            else:
+                m = s.model
+                mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
+                ops = ops_memo.get(mk) if mk is not None else None
+                if ops is None:
+                    ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
+                    if mk is not None and len(ops_memo) < 1 << 16:
+                        ops_memo[mk] = ops
+            return ops
 
-    if workers > 1:
-        from kvspec.mc.parallel import parallel_search
-        if packable:   # states travel between levels packed
-            res.workers = workers
-            return finish(parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker, invariant,
-                                          next_extra, parents, deadline, max_states))
-    ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant)
-    reg: Optional[dict] = None   # the live objects packed states refer to, once packing is on
+        sym = bounds.symmetry
+        forker = self.forker = choose_fork(s0, ops_of(s0, extra0)[:3], self.fork, check=check)
+        res.fork = forker.name
+        check()
+        checker = StepChecker() if self.check_once else None
+        forker.shared["step_check"] = checker
+        s0.step_check = checker
+        parents: list[tuple[int, Optional[Op]]] = [(-1, None)]
 
-    def packing_from(rss: int) -> Optional[dict]:
-        """The registry to pack with, once the search has grown past PACK_AT of its cap."""
-        return registry(forker) if packable and mem_cap and rss - rss_at_start > PACK_AT * mem_cap else None
+        def path_to(i: int) -> list[Op]:
+            out = []
+            while i > 0:
+                i, op = parents[i]
+                out.append(op)
+            return out[::-1]
 
-    frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
-    tick = 0
-    for d in range(1, depth + 1):
-        nxt: list = []
-        for j, (saved, obs, extra, idx) in enumerate(frontier):
-            frontier[j] = None   # expanded: let the state go (the path to it is in ``parents``)
-            if reg is not None:
-                saved = decode(saved, reg)   # (a state saved before packing began passes as it is)
-            for i, op, kind, payload in ex.expand(saved, obs, extra, seen, unchecked):
-                if kind == FOUND:
-                    return counterexample(idx, op, payload, d)
-                if kind == PRUNED:
-                    res.pruned += 1
-                elif kind == RECHECKED:
-                    unchecked.discard(payload)
-                else:   # NEW
-                    k, checked, s, ex2 = payload
-                    seen.add(k)
-                    if not checked:
-                        unchecked.add(k)
-                    parents.append((idx, op))
-                    pid = len(parents) - 1
-                    res.states += 1
-                    if max_states is not None and res.states > max_states:
-                        # a cap on work, not time: the same on every machine (kvspec check --max-examples)
-                        res.reason = f"state cap of {max_states} reached at depth {d}"
-                        return finish("incomplete")
-                    if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
-                        kept = forker.save(s, lambda: path_to(pid))
-                        nxt.append((kept if reg is None else encode(forker, kept, reg), s.obs, ex2, pid))
-                    else:
-                        nxt.append(None)
-            tick += 1
-            if tick % 16 == 0:
-                now = time.monotonic()
-                prog.show(now, start, d, len(frontier), res.states, ex.transitions)
-                if now > deadline:
-                    res.reason = f"time cap of {time_cap:g} s reached at depth {d}"
-                    return finish("incomplete")
-                if mem_cap and tick % 64 == 0:
-                    rss = rss_bytes()
-                    res.peak_rss_mib = max(res.peak_rss_mib, rss / 2**20)
-                    if rss - rss_at_start > mem_cap:
-                        res.reason = f"memory cap of {mem_cap_gib:g} GiB (grown by the search) reached at depth {d}"
-                        return finish("incomplete")
-                    if reg is None and (reg := packing_from(rss)) is not None:
+        def counterexample(idx: int, op: Op, found: list[Violation], depth: int) -> str:
+            res.counterexample = path_to(idx) + [op]
+            res.violations = found
+            res.depth = depth
+            return "violation"
+
+        key_memo = self.key_memo
+        if key_memo is None:
+            key_memo = not cache   # at pool level most transitions revisit an exact state (see KeyMemo)
+        key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
+        seen = {key_of(s0, extra0)}   # the initial state: every check ran in Session()
+        check()
+        unchecked: set = set()        # keys seen whose state checks have not run on a comparable step
+        # Can the saved states be packed: for --workers (they travel between processes so),
+        # and past PACK_AT of the memory cap (see PACK_AT). One round trip on s0, asked once.
+        packable = can_pack(forker, s0)
+
+        def next_extra(extra: dict, op: Op) -> dict:
+            return _next_extra(extra, op) if cache else extra
+
+        if workers > 1:
+            from kvspec.mc.parallel import parallel_search
+            if packable:   # states travel between levels packed
+                res.workers = workers
+                self.ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant, check=check)
+                return parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker,
+                                       invariant, next_extra, parents, budget, max_states, self.ex)
+        ex = self.ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant, check=check)
+        reg: Optional[dict] = None   # the live objects packed states refer to, once packing is on
+        mem_cap = budget.mem_cap
+
+        def packing_from(rss: int) -> Optional[dict]:
+            """The registry to pack with, once the search has grown past PACK_AT of its cap."""
+            return registry(forker) if packable and mem_cap and rss - budget.rss_at_start > PACK_AT * mem_cap else None
+
+        frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
+        del s0   # (an in-place fork keeps it; the others need it no more)
+        tick = 0
+        for d in range(1, depth + 1):
+            budget.depth = d
+            self.frontier_len = len(frontier)
+            nxt: list = []
+            for j, (saved, obs, extra, idx) in enumerate(frontier):
+                frontier[j] = None   # expanded: let the state go (the path to it is in ``parents``)
+                if reg is not None:
+                    saved = decode(saved, reg)   # (a state saved before packing began passes as it is)
+                for i, op, kind, payload in ex.expand(saved, obs, extra, seen, unchecked):
+                    if kind == FOUND:
+                        return counterexample(idx, op, payload, d)
+                    if kind == PRUNED:
+                        res.pruned += 1
+                    elif kind == RECHECKED:
+                        unchecked.discard(payload)
+                    else:   # NEW
+                        k, checked, s, ex2 = payload
+                        payload = None
+                        seen.add(k)
+                        if not checked:
+                            unchecked.add(k)
+                        parents.append((idx, op))
+                        pid = len(parents) - 1
+                        res.states += 1
+                        if max_states is not None and res.states > max_states:
+                            # a cap on work, not time: the same on every machine (kvspec check --max-examples)
+                            res.reason = f"state cap of {max_states} reached at depth {d}"
+                            return "incomplete"
+                        if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
+                            kept = forker.save(s, lambda: path_to(pid))
+                            nxt.append((kept if reg is None else encode(forker, kept, reg), s.obs, ex2, pid))
+                        else:
+                            nxt.append(None)
+                        s = None   # (a replayed session goes before the next one is built)
+                saved = obs = None
+                tick += 1
+                if tick % 16 == 0:
+                    prog.show(time.monotonic(), start, d, len(frontier), res.states, ex.transitions)
+                    if reg is None and tick % 64 == 0 and (reg := packing_from(budget.sample_rss())) is not None:
                         res.packed_from = d
-        # (also asked once per level: a small search has few memory checks)
-        if reg is None and packable and (reg := packing_from(rss_bytes())) is not None:
-            res.packed_from = d + 1
-        res.levels.append(len(nxt))
-        res.depth = d
-        prog.show(time.monotonic(), start, d, len(nxt), res.states, ex.transitions, force=True)
-        frontier = nxt
-        if not nxt:
-            res.exhausted = True
-            break
-    return finish("pass")
+            # (also asked once per level: a small search has few memory checks)
+            if reg is None and packable and (reg := packing_from(budget.sample_rss())) is not None:
+                res.packed_from = d + 1
+            res.levels.append(len(nxt))
+            res.depth = d
+            prog.show(time.monotonic(), start, d, len(nxt), res.states, ex.transitions, force=True)
+            frontier = nxt
+            if not nxt:
+                res.exhausted = True
+                break
+        return "pass"
 
 
 def confirm(target: Target, config: Config, result: MCResult) -> bool:
