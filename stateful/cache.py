@@ -99,7 +99,10 @@ class CacheMachine(KVMachine):
         return out
 
     def _steppable(self) -> list[str]:
-        return self.m.steppable() if self.features else self.m.running()
+        # The engine's protocol: no Step for a request whose last allocation was refused
+        # (the model's ``steppable``); the machine draws Preempt, Finish or another
+        # request's op instead, as vLLM's scheduler (preempt) and nano-vllm's (wait) do.
+        return self.m.steppable()
 
     @property
     def m(self):

@@ -29,8 +29,10 @@ Cache level (``stateful/cache.py`` rules admit_new, admit_waiting, step, preempt
     Admit(new id, prompt)  prompt from ``prompts`` (default ``default_prompts``), while fewer
                            than ``requests`` requests exist
     Admit(id)              each waiting request (refused earlier, or preempted)
-    Step(id, token)        each running request, token from ``step_tokens`` (default
-                           ``default_step_tokens``), while it has fewer than ``max_tokens`` tokens
+    Step(id, token)        each running request whose last Step was not refused (the engine
+                           preempts instead: ``CacheModel.steppable``), token from ``step_tokens``
+                           (default ``default_step_tokens``), while it has fewer than
+                           ``max_tokens`` tokens
     Preempt(id)            each running request
     Finish(id)             each request
 
@@ -357,8 +359,11 @@ def enabled_cache_ops(model, config: Config, bounds: Bounds = Bounds(), next_req
         ops += [Admit(rid, None, c, None, x)
                 for c, _, x in per_request(tuple((c, None, x) for c, x in readmit), dflt, len(q.tokens), bs)
                 if useful(c, x, len(q.tokens))]
-    # the group model never steps a request whose last step was refused (it waits for Prefill)
-    steppable = m.steppable() if hasattr(m, "steppable") else [r for r, q in m.reqs.items() if q.running]
+    # The engine's protocol: no Step for a request whose last allocation was refused, until
+    # it is preempted and admitted again (both models' ``steppable``; the group model's
+    # also waits for Prefill and Verify).
+    steppable = m.steppable() if hasattr(m, "steppable") else \
+        [r for r, q in m.reqs.items() if q.running and q.computed >= len(q.tokens)]
     drafts = ((),) + tuple(bounds.drafts if bounds.drafts is not None else default_drafts(bs)) if feat else ((),)
     for rid in steppable:
         n = len(m.reqs[rid].tokens)

@@ -53,6 +53,14 @@ class CacheModel:
     def waiting(self) -> list[str]:
         return [r for r, q in self.reqs.items() if not q.running]
 
+    def steppable(self) -> list[str]:
+        """Running requests that may decode another token: not one whose last Step was
+        refused (its token is still uncomputed, ``computed < len(tokens)``). An engine
+        never appends after a refused allocation: vLLM's scheduler preempts (this request
+        or a lower-priority one) and nano-vllm's leaves it waiting, so the next op for it
+        is a Preempt or a Finish, not another Step."""
+        return [r for r, q in self.reqs.items() if q.running and q.computed >= len(q.tokens)]
+
     # -- misuse -----------------------------------------------------------------
     def misuse_reason(self, op: Op) -> Optional[str]:
         if isinstance(op, Admit):
