@@ -153,3 +153,17 @@ def test_kvspecs_own_targets_get_no_hints(tmp_path, capsys):
     assert d["declaration"] == f"impl+{patch}: KVCacheManager.kvspec_traits"
     assert d["violations"] and all(v["label"] is None and v["hints"] == [] for v in d["violations"])
     assert d["assuming"] == []
+
+
+def test_of_several_values_that_explain_a_finding_the_search_goes_on_under_the_one_that_fits(tmp_path, capsys):
+    # the free queue kept sorted: a 2-step EVICTION_ORDER that mru, fifo and sorted all explain
+    release = "                self.free_block_ids.append(block_id)\n        seq.num_cached_tokens = 0"
+    assert release in EXAMPLE
+    src = EXAMPLE.replace(release, "                self.free_block_ids.append(block_id)\n"
+                                   "        self.free_block_ids = deque(sorted(self.free_block_ids))\n"
+                                   "        seq.num_cached_tokens = 0")
+    rc, d = _check(capsys, _write(tmp_path, "sorted_queue", src), tmp_path, n=150)
+    v = d["violations"][0]
+    assert rc == 1 and v["invariant"] == "EVICTION_ORDER" and 'free_order = "sorted"' in [h["declare"] for h in v["hints"]]
+    (a,) = d["assuming"]
+    assert a["assume"] == {"free_order": "sorted"} and a["verdict"] == "pass"

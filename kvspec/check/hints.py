@@ -75,12 +75,13 @@ class Hint:
 
 def assuming(target: Target, values: dict[str, Any]) -> Target:
     """A copy of ``target`` checked as if ``values`` were declared: a hint's assumption,
-    kept apart from the declaration (``Traits.assumed``), and no longer open to hints."""
+    kept apart from the declaration (``Traits.assumed``). An assumed key stays open to
+    hints: where two values explained a finding (two free orders, say) and the first
+    assumed was the wrong one, the next finding's hint names the other."""
     t = copy.copy(target)
     base = target.traits
     traits = with_policies(base, values, "a policy hint", declaration=base.declaration)
-    t.traits = dataclasses.replace(traits, assumed=tuple({**dict(base.assumed), **values}.items()),
-                                   hintable=base.hintable - set(values))
+    t.traits = dataclasses.replace(traits, assumed=tuple({**dict(base.assumed), **values}.items()))
     return t
 
 
@@ -121,12 +122,16 @@ def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str,
 
     for f in report.violations:
         label(target, f)
-    last, assumed, spent = report, {}, report
+    last, assumed, spent, tried = report, {}, report, set()
     for _ in range(MAX_ROUNDS):
-        f = next((x for x in last.violations if x.hints), None)
-        if f is None:
+        # the hints not assumed before (two values may explain one finding: each gets its turn),
+        # the first under which a short probe finds nothing preferred
+        todo = [h for x in last.violations for h in x.hints if (h.key, h.value) not in tried]
+        if not todo:
             return
-        assumed = {**assumed, f.hints[0].key: f.hints[0].value}
+        h = _best(target, assumed, todo, report, kw)
+        tried.add((h.key, h.value))
+        assumed = {**assumed, h.key: h.value}
         hinted = assuming(target, assumed)
         sub_kw = dict(kw)
         if kw.get("max_examples") is not None:  # what the first run left, at least half again
@@ -134,11 +139,40 @@ def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str,
         else:
             budget = kw.get("budget", 30.0)
             sub_kw["budget"] = max(budget - spent.seconds, budget / 2)
-        sub = run_check(hinted, target_spec, **sub_kw)
+        try:
+            sub = run_check(hinted, target_spec, **sub_kw)
+        except Exception as e:  # the hinted search could not run: say so, keep the findings that stand
+            from kvspec.check.search import CheckReport
+            sub = CheckReport(target_spec, report.patch, report.levels, report.misuse, report.seed, report.budget,
+                              error=f"{type(e).__name__}: {e}")
         for x in sub.violations:
             label(hinted, x)
         report.assuming.append(Assumption(dict(assumed), sub))
         last = spent = sub
+
+
+PROBE_EXAMPLES = 25  # per level: a short search that tells two hints for one finding apart
+
+
+def _best(target: Target, assumed: dict[str, Any], hints: list[Hint], report: Any, kw: dict[str, Any]) -> Hint:
+    """The first of ``hints`` under which a short probe (no minimizing, no repro) finds
+    nothing, else the first: where several values explain a finding, the one the target
+    follows is usually the one under which nothing else shows at once."""
+    if len(hints) == 1:
+        return hints[0]
+    from kvspec.check.search import LevelSearch
+
+    for h in hints:
+        try:
+            t = assuming(target, {**assumed, h.key: h.value})
+            found = any(LevelSearch(t, lvl, misuse=report.misuse, seed=report.seed,
+                                    kv_groups=kw.get("kv_groups")).run_batch(PROBE_EXAMPLES)
+                        for lvl in report.levels)
+        except Exception:
+            found = True
+        if not found:
+            return h
+    return hints[0]
 
 
 @dataclass
