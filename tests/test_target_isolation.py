@@ -104,7 +104,7 @@ def test_a_real_sigint_still_stops_kvspec(tmp_path):
         """)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen([sys.executable, "-m", "kvspec", "check", "--target", f"{f}:BM", "--max-examples", "50",
-                          "--op-timeout", "0", "--report-dir", str(tmp_path / "out")],
+                          "--op-timeout", "0"],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     inside = tmp_path / "calls.txt.inside"
     for _ in range(600):  # wait (at most a minute) until the target is in its sleeping call

@@ -193,8 +193,8 @@ class Session:
             before for entries in self._hangs.values() for cfg, before, _ in entries if cfg == config]
         limit = self._limit()
         try:  # a target that cannot even be built or read in time is a broken target (exit 2), not a finding
-            self.driver = self._call(target.driver, config, limit=limit)
-            first_obs = self._call(self.driver.observe, limit=limit)
+            self.driver = self._call(limit, target.driver, config)
+            first_obs = self._call(limit, self.driver.observe)
         except OpTimeout as t:
             raise TargetError(f"target {target.name}: building or observing it did not return within "
                               f"{t.seconds:g} s (--op-timeout)") from None
@@ -239,20 +239,13 @@ class Session:
             return REPLAY_GRACE_S
         return t
 
-    def _call(self, fn: Callable, *args: Any, limit: Any = ASK) -> Any:
-        """``fn(*args)``, a call into the target: under the op timeout (or ``limit``), its
-        prints captured, SystemExit / KeyboardInterrupt (not a real Ctrl-C) turned into
-        ``_Escaped``."""
-        seconds = self.op_timeout if limit is ASK else limit
-        if not CAPTURE:
-            try:
-                return watchdog.guarded(seconds, fn, *args)
-            except (SystemExit, KeyboardInterrupt) as e:
-                if isinstance(e, KeyboardInterrupt) and watchdog.real_interrupt(e):
-                    raise
-                raise _Escaped(e) from e
+    def _call(self, seconds: Optional[float], fn: Callable, *args: Any) -> Any:
+        """``fn(*args)``, a call into the target: under ``seconds`` (the op timeout, see
+        ``_limit``), its prints captured, SystemExit / KeyboardInterrupt (not a real
+        Ctrl-C) turned into ``_Escaped``. On the hot path: two attribute swaps, no more."""
         so, se = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = self._streams
+        if CAPTURE:
+            sys.stdout, sys.stderr = self._streams
         try:
             return watchdog.guarded(seconds, fn, *args)
         except (SystemExit, KeyboardInterrupt) as e:
@@ -297,7 +290,7 @@ class Session:
         result: Any = None
         if self.dead:
             return self._hung(op, None) if self._dead_escape is None else self._escaped(op, self._dead_escape)
-        limit: Any = ASK
+        limit = self.op_timeout
         if self._hangs is not None:
             if op in self._hangs:
                 secs = self._seen_hang(op)
@@ -308,7 +301,7 @@ class Session:
                 self._replaying = [b for b in self._replaying if len(b) > i and b[i] == op]
                 limit = self._limit()
         try:
-            result = self._call(self.driver.apply, op, limit=limit)
+            result = self._call(limit, self.driver.apply, op)
         except OpTimeout as t:
             return self._hung(op, t)
         except _Escaped as x:
@@ -335,7 +328,7 @@ class Session:
                 return []
         # The full way: what every step does without deltas, and the reference.
         try:
-            obs = self._call(self.driver.observe, limit=limit)
+            obs = self._call(limit, self.driver.observe)
         except OpTimeout as t:
             return self._hung(op, t)
         except _Escaped as x:

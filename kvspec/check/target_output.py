@@ -21,8 +21,10 @@ must get through). Those go where they always went.
 from __future__ import annotations
 
 import io
+import sys
 import threading
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 LIMIT = 4096   # characters kept per session: the last ones, which are the ones next to the finding
 
@@ -90,5 +92,17 @@ class Stream(io.TextIOBase):
 
 def streams(tail: Tail) -> tuple[Stream, Stream]:
     """(stdout, stderr) writing to ``tail``, passing other threads' writes to today's sys streams."""
-    import sys
     return Stream(tail, sys.stdout, "<target stdout>"), Stream(tail, sys.stderr, "<target stderr>")
+
+
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """During the block, ``sys.stdout`` is ``sys.stderr``: for target code kvspec runs
+    outside a session (importing the target's module, probing a factory), whose prints
+    the user should still see but never in stdout, which under ``--json`` is one JSON object."""
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = saved
