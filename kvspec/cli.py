@@ -6,18 +6,82 @@ line on stderr, never a traceback).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import re
 import sys
 from typing import Optional, Sequence
 
-from kvspec.errors import KvspecError, UsageError
+from kvspec.errors import Interrupted, KvspecError, UsageError
+
+PATCHES_REPORT_DIR = "kvspec-patches"  # kvspec patches --report-dir: never the checkout's committed reports/ by default
 
 
+# -- values: a count or a time is checked where it is parsed, so NaN, infinity, zero or
+# a negative number is one line and exit 2 in every command, never a silent "pass".
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a whole number, not {text!r}") from None
+
+
+def count(minimum: int = 1):
+    """An argparse type: a whole number >= ``minimum``."""
+    def parse(text: str) -> int:
+        n = _int(text)
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum} (got {text})")
+        return n
+    parse.__name__ = "count"
+    return parse
+
+
+def seconds(zero_ok: bool = False):
+    """An argparse type: a finite number of seconds (or GiB), positive (or 0 where it
+    means "off"); NaN and infinity are refused."""
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects a number, not {text!r}") from None
+        if math.isnan(x) or math.isinf(x):
+            raise argparse.ArgumentTypeError(f"must be a finite number (got {text})")
+        if x < 0 or (x == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"must be {'0 or more' if zero_ok else 'positive'} (got {text})")
+        return x
+    parse.__name__ = "number"
+    return parse
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" not in text and action.option_strings
+                and not any(action.default is x for x in (None, False, argparse.SUPPRESS))):
+            text += " (default: %(default)s)"
+        return text
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kw)
+
     def error(self, message: str):  # one line, exit 2
+        # "argument --budget: must be positive (got 0)" -> "--budget must be positive (got 0)"
+        m = re.match(r"argument ([-\w/]+): ((?:must|expects) .*)", message)
+        if m:
+            message = f"{m.group(1)} {m.group(2)}"
         raise UsageError(f"{self.prog}: {message}")
+
+
+SEED_HELP = "seed of the search; the same seed gives the same examples"
+JSON_HELP = "print one JSON object on stdout (an error too: {\"verdict\": \"error\", \"error\": ...})"
+TARGET_HELP = "impl, vllm, nanovllm[:PKG], sglang, lmcache, FILE.py:NAME or module:NAME"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,43 +89,51 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     c = sub.add_parser("check", help="run the stateful machines against a target")
-    c.add_argument("--target", default="impl", help="impl (default), vllm, nanovllm[:PKG], FILE.py:NAME, module:NAME")
-    c.add_argument("--patch", help="unified diff applied to temporary copies of the target's sources")
-    c.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"], help="API of a user target")
-    c.add_argument("--level", choices=["pool", "cache", "all"], default="all")
-    c.add_argument("--misuse", action="store_true", help="mix misuse calls into the valid operations")
+    c.add_argument("--target", default="impl", help=TARGET_HELP)
+    c.add_argument("--patch", help="unified diff applied to temporary copies of the target's sources (default: none)")
+    c.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"],
+                   help="API of a user target (default: detected from its methods)")
+    c.add_argument("--level", choices=["pool", "cache", "all"], default="all",
+                   help="which machine: the block pool, the cache manager, or every level the target supports")
+    c.add_argument("--misuse", action="store_true", help="mix misuse calls into the valid operations (default: off)")
     c.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4 or full,chunked:8 (cache level; default: full, or drawn per example for targets that support groups)")
-    c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--budget", type=float, default=None,
+    c.add_argument("--seed", type=_int, default=0, help=SEED_HELP)
+    c.add_argument("--budget", type=seconds(), default=None, metavar="S",
                    help="seconds of search (default 30); for interactive use: the verdict depends on the machine")
-    c.add_argument("--max-examples", type=int, default=None, metavar="N",
+    c.add_argument("--max-examples", type=count(1), default=None, metavar="N",
                    help="deterministic mode: stop after N examples, never on time, so the same commit, target and "
                         "seed give the same verdict, examples, steps and repro on any machine (for CI); "
-                        "excludes --budget")
+                        "excludes --budget (default: off)")
     c.add_argument("--derandomize", action="store_true",
                    help="deterministic mode with the default example count (1000, "
                         "kvspec.check.search.DETERMINISTIC_EXAMPLES) "
-                        "unless --max-examples is given; excludes --budget")
-    c.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="N worker processes with seeds SEED..SEED+N-1; all stop at the first violation (budget mode)")
+                        "unless --max-examples is given; excludes --budget (default: off)")
+    c.add_argument("--jobs", type=count(1), default=1, metavar="N",
+                   help="N worker processes with seeds SEED..SEED+N-1; all stop at the first violation (budget mode; "
+                        "capped at the CPU cores available, with a note)")
     c.add_argument("--db", default=None, metavar="DIR",
                    help="Hypothesis example database directory shared by the workers and later runs: "
-                        "failures found before are replayed first (budget mode)")
-    c.add_argument("--op-timeout", type=float, default=10.0, metavar="S",
+                        "failures found before are replayed first (budget mode; default: none)")
+    c.add_argument("--op-timeout", type=seconds(zero_ok=True), default=10.0, metavar="S",
                    help="seconds one target call may take before it is a NO_HANG finding (default 10; 0: off)")
-    c.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    c.add_argument("--report-dir", default=None, help="write repros and reports here (default reports/repros)")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="write repros and the report files (kvspec-check.json, .md, .junit.xml) here; checked "
+                        "for writing before the search (default: repros only, to reports/repros)")
 
     m = sub.add_parser("mc", help="exhaustive bounded model checking")
-    m.add_argument("--target", default="impl")
-    m.add_argument("--patch")
-    m.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"], help="API of a user target")
-    m.add_argument("--level", choices=["pool", "cache"], default="pool")
-    m.add_argument("--blocks", type=int, default=5, help="usable blocks")
-    m.add_argument("--depth", type=int, default=8)
-    m.add_argument("--requests", type=int, default=2, help="cache level: live requests at most")
+    m.add_argument("--target", default="impl", help=TARGET_HELP)
+    m.add_argument("--patch", help="unified diff applied to temporary copies of the target's sources (default: none)")
+    m.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"],
+                   help="API of a user target (default: detected from its methods)")
+    m.add_argument("--level", choices=["pool", "cache"], default=None,
+                   help="which machine: the block pool or the cache manager (default: the level the target "
+                        "supports, pool where it has both)")
+    m.add_argument("--blocks", type=count(1), default=5, help="usable blocks")
+    m.add_argument("--depth", type=count(0), default=8, help="operations per path at most")
+    m.add_argument("--requests", type=count(1), default=2, help="cache level: live requests at most")
     m.add_argument("--kv-groups", default="full", help="KV-cache groups sharing the pool, e.g. full,swa:4 (cache level)")
-    m.add_argument("--max-model-len", type=int, default=None, metavar="N",
+    m.add_argument("--max-model-len", type=count(1), default=None, metavar="N",
                    help="per-request token cap (cache level, targets with cache features; default: none)")
     m.add_argument("--caching", choices=["on", "off"], default=None,
                    help="prefix caching (default: on where the target supports it, else off)")
@@ -69,47 +141,55 @@ def build_parser() -> argparse.ArgumentParser:
                    help="merge states equal up to renaming blocks, labels, requests (default on)")
     m.add_argument("--fork", choices=["auto", "compact", "pickle", "deepcopy", "replay", "driver"], default="auto",
                    help="how a state is put back to try each op (default auto: the first that round-trips)")
-    m.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes for a level-synchronous parallel search (same states and counterexample)")
+    m.add_argument("--workers", type=count(1), default=1, metavar="N",
+                   help="processes for a level-synchronous parallel search (same states and counterexample; "
+                        "more than the CPU cores is capped, with a note)")
     m.add_argument("--check-once", choices=["on", "off"], default="on",
                    help="run the state invariants once per distinct state, as TLC does (default on)")
-    m.add_argument("--time-cap", type=float, default=300.0)
-    m.add_argument("--mem-cap", type=float, default=2.0, help="GiB the search may grow the process by")
-    m.add_argument("--json", action="store_true")
-    m.add_argument("--report-dir", default=None)
+    m.add_argument("--time-cap", type=seconds(), default=300.0, metavar="S",
+                   help="seconds the search may run; it stops with partial counts")
+    m.add_argument("--mem-cap", type=seconds(), default=2.0, metavar="GIB",
+                   help="GiB the search may grow the process by; it stops with partial counts")
+    m.add_argument("--json", action="store_true", help=JSON_HELP)
+    m.add_argument("--report-dir", default=None, metavar="DIR",
+                   help="write the counterexample's repro here (default: reports/repros)")
 
     pt = sub.add_parser("patches", help="measure bug-finding power on the bundled bug corpus")
-    pt.add_argument("--target", choices=["impl", "vllm", "nanovllm"], default="impl")
-    pt.add_argument("--seeds", type=int, default=10)
-    pt.add_argument("--timeout", type=float, default=60.0)
-    pt.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
-    pt.add_argument("--only", help="comma-separated patch ids")
+    pt.add_argument("--target", choices=["impl", "vllm", "nanovllm"], default="impl", help="whose bug corpus to run")
+    pt.add_argument("--seeds", type=count(1), default=10, help="trials per patch, seeds 0..N-1")
+    pt.add_argument("--timeout", type=seconds(), default=60.0, metavar="S", help="seconds per trial")
+    pt.add_argument("--jobs", type=count(1), default=None,
+                    help="worker processes (default: CPU count; more than that is capped, with a note)")
+    pt.add_argument("--only", help="comma-separated patch ids (default: every patch of the corpus)")
     pt.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4 or full,chunked:8 (cache level; default: full, or drawn per example for targets that support groups)")
-    pt.add_argument("--json", action="store_true")
-    pt.add_argument("--report-dir", default="reports")
+    pt.add_argument("--json", action="store_true", help=JSON_HELP)
+    pt.add_argument("--report-dir", default=PATCHES_REPORT_DIR, metavar="DIR",
+                    help="write patches.json, patches.md and patches_ttf.png here (default: kvspec-patches/ in the "
+                         "working directory; pass --report-dir reports to update the checkout's committed report)")
 
     k = sub.add_parser("kernels", help="check the Triton paged-attention kernels against the float64 oracle")
-    k.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    k.add_argument("--cases", type=int, default=None, help="generated cases (default: 30 on cpu, 48 on cuda)")
-    k.add_argument("--seed", type=int, default=0)
-    k.add_argument("--json", action="store_true")
+    k.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the kernels run")
+    k.add_argument("--cases", type=count(1), default=None, help="generated cases (default: 30 on cpu, 48 on cuda)")
+    k.add_argument("--seed", type=_int, default=0, help=SEED_HELP)
+    k.add_argument("--json", action="store_true", help=JSON_HELP)
 
     b = sub.add_parser("bench", help="ops/second of a fixed-seed pool-level trace, nothing checked")
-    b.add_argument("--target", default="impl")
-    b.add_argument("--ops", type=int, default=200_000)
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--target", default="impl", help=TARGET_HELP)
+    b.add_argument("--ops", type=_int, default=200_000, help="operations in the trace")
+    b.add_argument("--seed", type=_int, default=0, help="seed of the trace")
+    b.add_argument("--json", action="store_true", help=JSON_HELP)
 
     ap = sub.add_parser("api", help="the calls kvspec makes on a user's allocator and the internals it reads")
     ap.add_argument("api", nargs="?", choices=["blockpool", "kvcachemanager", "nanovllm"],
                     help="one API (default: all three)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help=JSON_HELP)
 
-    d = sub.add_parser("diff", help="CrossHair diffbehavior on the helpers a patch changes")
-    d.add_argument("--patch", required=True)
-    d.add_argument("--target", default="impl")
-    d.add_argument("--per-condition-timeout", type=float, default=10.0)
-    d.add_argument("--json", action="store_true")
+    d = sub.add_parser("diff", help="CrossHair diffbehavior on the helpers of impl (kvspec.impl) a patch changes")
+    d.add_argument("--patch", required=True, help="unified diff against kvspec/impl (required)")
+    d.add_argument("--target", default="impl", help="only impl: the helpers compared are kvspec.impl's")
+    d.add_argument("--per-condition-timeout", type=seconds(), default=10.0, metavar="S",
+                   help="CrossHair's seconds per compared helper")
+    d.add_argument("--json", action="store_true", help=JSON_HELP)
     return p
 
 
@@ -138,21 +218,39 @@ def _dispatch(a: argparse.Namespace) -> int:
     raise UsageError("kvspec: choose a command: check, mc, patches, kernels, bench, diff, api (see kvspec --help)")
 
 
+def _error(message: str, argv: Sequence[str]) -> int:
+    """A usage or target error: one line on stderr, exit 2; under ``--json`` also one
+    JSON object on stdout, so a tool reading stdout always gets an answer."""
+    line = message if message.startswith("kvspec") else f"kvspec: error: {message}"
+    line = " ".join(line.split())  # one line, whatever the message held
+    print(line, file=sys.stderr)
+    if "--json" in argv:
+        command = next((x for x in argv if not x.startswith("-")), None)
+        print(json.dumps({"verdict": "error", "error": line, "command": command, "exit_code": 2}))
+    return 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
         return _dispatch(args)
     except KvspecError as e:
-        print(f"kvspec: error: {e}" if not str(e).startswith("kvspec") else str(e), file=sys.stderr)
+        return _error(str(e), argv)
+    except BrokenPipeError:  # the reader of stdout went away (``kvspec ... | head``): nothing left to say there
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        print("kvspec: stdout was closed before the output was written", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # a command that reports what it reached catches this itself
         print("kvspec: interrupted", file=sys.stderr)
-        return 130
+        return e.exit_code if isinstance(e, Interrupted) else 130
     except Exception as e:  # our own bug: say so in one line, keep the traceback on request
         if os.environ.get("KVSPEC_DEBUG"):
             raise
-        print(f"kvspec: internal error: {type(e).__name__}: {e} (set KVSPEC_DEBUG=1 for the traceback)", file=sys.stderr)
-        return 2
+        return _error(f"kvspec: internal error: {type(e).__name__}: {e} (set KVSPEC_DEBUG=1 for the traceback)", argv)
 
 
 if __name__ == "__main__":

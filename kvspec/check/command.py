@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
+import time
 
-from kvspec.errors import UsageError
+from kvspec.errors import UsageError, interrupt_handlers
 
 
 def _emit(obj: dict, as_json: bool, text: str) -> None:
@@ -34,8 +36,62 @@ def check_kv_groups(spec, target) -> "str | None":
     return canonical
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def cap_jobs(jobs: int, command: str) -> int:
+    """``--jobs`` beyond the cores available is capped, with a one-line note on stderr:
+    more processes than cores only share them, and each pays its start-up."""
+    cores = available_cores()
+    if jobs > cores:
+        print(f"{command}: note: --jobs {jobs} capped to {cores} (the CPU cores available)", file=sys.stderr)
+        return cores
+    return jobs
+
+
+def _finite(name: str, x: "float | None", zero_ok: bool = False) -> None:
+    if x is not None and (math.isnan(x) or math.isinf(x) or x < 0 or (x == 0 and not zero_ok)):
+        raise UsageError(f"kvspec check: {name} must be a finite number, "
+                         f"{'0 or more' if zero_ok else 'positive'} (got {x})")
+
+
+def writable_dir(path: str) -> "str | None":
+    """Why ``path`` cannot take kvspec's files (None when it can). Nothing is created:
+    the nearest existing directory at or above it must be writable."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    if not os.path.isdir(p):
+        return f"{p} is not a directory"
+    if not os.access(p, os.W_OK | os.X_OK):
+        return f"{p} is not writable"
+    return None
+
+
+def ensure_report_dir(path: str, command: str) -> None:
+    """Create ``path`` and write (and remove) a file in it, before any search: a
+    directory that cannot take the reports is one line and exit 2 up front."""
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise UsageError(f"{command}: --report-dir {path}: cannot be written: {e.strerror or e}") from None
+
+
 def cmd_check(a: argparse.Namespace) -> int:
-    """Exit code 0 when nothing was found, 1 on a violation."""
+    """Exit code 0 when nothing was found, 1 on a violation, 2 on an error; on Ctrl-C or
+    SIGTERM what was reached is printed, marked incomplete (130 or 143, 1 with a finding)."""
     from kvspec.check import watchdog
     from kvspec.check.search import DETERMINISTIC_EXAMPLES
 
@@ -55,30 +111,61 @@ def cmd_check(a: argparse.Namespace) -> int:
     if deterministic and (jobs > 1 or db):
         raise UsageError("kvspec check: --jobs and --db are for budget runs: workers that stop each other, and "
                          "a database's replays, depend on timing and history, not only on the seed")
+    a.jobs = cap_jobs(jobs, "kvspec check")
     if a.budget is None:
         a.budget = 30.0
-    if a.budget <= 0:
-        raise UsageError("kvspec check: --budget must be positive")
+    _finite("--budget", a.budget)
     op_timeout = getattr(a, "op_timeout", watchdog.DEFAULT_OP_TIMEOUT)
-    if op_timeout is not None and op_timeout < 0:
-        raise UsageError("kvspec check: --op-timeout must be positive (0 turns it off)")
+    _finite("--op-timeout", op_timeout, zero_ok=True)
+    if a.report_dir:  # before the search: a finding must never be lost to an unwritable directory
+        ensure_report_dir(a.report_dir, "kvspec check")
     saved_timeout = watchdog.default()
     watchdog.set_default(op_timeout)
     try:
-        return _check(a, max_examples, deterministic)
+        with interrupt_handlers():
+            start = time.monotonic()
+            try:
+                return _check(a, max_examples, deterministic)
+            except KeyboardInterrupt as e:  # before the search started (loading the target): nothing reached
+                name = interrupted_name(e)
+                _emit({"target": a.target, "patch": a.patch, "verdict": "interrupted", "complete": False,
+                       "interrupted": name, "examples": 0, "steps": 0,
+                       "seconds": round(time.monotonic() - start, 3), "violations": [], "robustness": []},
+                      a.json, f"kvspec check: interrupted ({name}) before the search started; nothing checked\n"
+                              "verdict: interrupted")
+                import signal
+                return 128 + int(getattr(signal, name, signal.SIGINT))
     finally:
         watchdog.set_default(saved_timeout)  # in-process callers (tests) get the default back
+
+
+def load_checked_target(spec: str, patch: "str | None", api: "str | None"):
+    """``load_target``, with anything a user's module or class does wrong while it is
+    loaded (a malformed declaration, an exception at import) as one-line TargetError."""
+    from kvspec.errors import KvspecError, TargetError
+    from kvspec.targets.registry import load_target
+
+    try:
+        return load_target(spec, patch=patch, api=api)
+    except (KvspecError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        if os.environ.get("KVSPEC_DEBUG"):
+            raise
+        raise TargetError(f"target {spec}: cannot be loaded: {type(e).__name__}: {e}") from None
 
 
 def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
     from kvspec.check.search import run_check
     from kvspec.report.text import check_text
     from kvspec.targets.patched import read_patch
-    from kvspec.targets.registry import load_target
 
-    target = load_target(a.target, patch=a.patch, api=a.api)
+    target = load_checked_target(a.target, a.patch, a.api)
     patch_text = read_patch(a.patch) if a.patch else None
     report_dir = a.report_dir or os.path.join("reports", "repros")
+    if not a.report_dir and writable_dir(report_dir):
+        print(f"kvspec check: warning: {writable_dir(report_dir)}: repro files will not be written "
+              "(--report-dir DIR puts them elsewhere)", file=sys.stderr)
     command = "kvspec " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["check"] else ""
     kw = dict(patch=a.patch, patch_text=patch_text, level=a.level, misuse=a.misuse, seed=a.seed, budget=a.budget,
               report_dir=report_dir, kv_groups=check_kv_groups(a.kv_groups, target), command=command,
@@ -91,9 +178,42 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
     from kvspec.check.hints import continue_search
     from kvspec.targets.policies import declaration_of
     report.declaration, report.hintable = declaration_of(target), target.traits.hintable
-    continue_search(target, a.target, report, kw)  # policy hints; the search goes on under a hint's assumption
+    if not report.interrupted:
+        try:
+            continue_search(target, a.target, report, kw)  # policy hints; the search goes on under a hint's assumption
+        except KeyboardInterrupt as e:
+            report.interrupted = interrupted_name(e)
+    # The verdict and the findings first, then the files: a file that cannot be written
+    # is a warning and never costs the finding or changes the exit code.
+    _emit(report.to_dict(), a.json, check_text(report))
+    sys.stdout.flush()
     if a.report_dir:
         from kvspec.report.files import write_check_reports
-        write_check_reports(report, a.report_dir)
-    _emit(report.to_dict(), a.json, check_text(report))
-    return 1 if report.violations else 0
+        try:
+            write_check_reports(report, a.report_dir)
+        except OSError as e:
+            print(f"kvspec check: warning: report files not written to {a.report_dir}: {e.strerror or e}",
+                  file=sys.stderr)
+        except Exception as e:  # the verdict is out already: a report that fails to render must not change it
+            if os.environ.get("KVSPEC_DEBUG"):
+                raise
+            print(f"kvspec check: warning: report files not written to {a.report_dir}: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+    return check_exit_code(report)
+
+
+def interrupted_name(e: BaseException) -> str:
+    """"SIGINT" or "SIGTERM": what stopped a run (a plain KeyboardInterrupt is a Ctrl-C)."""
+    from kvspec.errors import Interrupted
+    return str(e) if isinstance(e, Interrupted) and str(e) else "SIGINT"
+
+
+def check_exit_code(report) -> int:
+    """1 with a violation (found before or after an interrupt), 130/143 for an
+    interrupted run that found none, 2 on an error, else 0."""
+    if report.violations:
+        return 1
+    if report.interrupted:
+        import signal
+        return 128 + int(getattr(signal, report.interrupted, signal.SIGINT))
+    return 2 if report.error else 0

@@ -12,11 +12,16 @@ found by one is replayed first by every later run pointed at the same directory.
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
+import signal
+import os
 import time
 from typing import Any
 
 from kvspec.check.search import CheckReport, run_check
-from kvspec.errors import UsageError
+from kvspec.errors import Interrupted, TargetError, UsageError, raise_interrupted
+
+STOP_GRACE_S = 10.0  # after Ctrl-C: how long the workers get to finish their batch and report
 from kvspec.targets.base import Target
 
 
@@ -24,6 +29,10 @@ def _worker(i: int, target: Target, spec: str, kw: dict, found: Any, out: Any) -
     def stop() -> bool:
         return found.is_set()
 
+    # SIGTERM (the parent's terminate) ends a worker; SIGINT (a Ctrl-C, or the parent passing
+    # one on) stops its search at once and it reports what it reached, like a single run
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, raise_interrupted)
     try:
         report = run_check(target, spec, seed=kw["seed"] + i, stop=stop, **{k: v for k, v in kw.items() if k != "seed"})
         if report.violations:
@@ -46,16 +55,32 @@ def run_jobs(target: Target, spec: str, jobs: int, **kw: Any) -> CheckReport:
         p.start()
     results: dict[int, Any] = {}
     errors: list[str] = []
+    interrupted = None
     while len(results) + len(errors) < jobs:
-        i, report, err = out.get()
+        try:
+            i, report, err = out.get() if interrupted is None else out.get(timeout=STOP_GRACE_S)
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: stop the workers, keep what they reached
+            from kvspec.check.search import _signal_name
+            interrupted = _signal_name(e)
+            found.set()
+            for p in procs:
+                if p.is_alive() and p.pid:
+                    os.kill(p.pid, signal.SIGINT)
+            continue
+        except queue.Empty:  # a worker that did not stop in time: its counts are lost, the others' kept
+            break
         if err:
             errors.append(f"worker {i}: {err}")
         else:
             results[i] = report
     for p in procs:
-        p.join()
+        p.join(timeout=STOP_GRACE_S if interrupted else None)
+        if p.is_alive():
+            p.terminate()
     if not results:
-        raise RuntimeError("; ".join(errors))
+        if interrupted:
+            raise Interrupted(getattr(signal, interrupted))
+        raise TargetError("kvspec check --jobs: every worker failed: " + "; ".join(errors))
     first = next((results[i] for i in sorted(results) if results[i].violations), results[min(results)])
     merged = CheckReport(spec, first.patch, first.levels, first.misuse, kw.get("seed", 0), first.budget,
                          violations=first.violations, robustness=[f for i in sorted(results)
@@ -66,4 +91,7 @@ def run_jobs(target: Target, spec: str, jobs: int, **kw: Any) -> CheckReport:
     merged.seconds = time.monotonic() - start
     merged.error = "; ".join(errors) or None
     merged.jobs = jobs  # type: ignore[attr-defined]
+    merged.interrupted = interrupted or next((r.interrupted for r in results.values() if r.interrupted), None)
+    merged.not_exercised = first.not_exercised
+    merged.warnings = [w for i in sorted(results) for w in results[i].warnings]
     return merged

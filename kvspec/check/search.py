@@ -79,10 +79,15 @@ class CheckReport:
     declaration: str = ""  # the policy declaration checked against, in words (kvspec.targets.policies)
     hintable: frozenset = frozenset()  # the policies left undeclared, open to hints
     assuming: list = field(default_factory=list)  # kvspec.check.hints.Assumption: searches continued under hints
+    interrupted: Optional[str] = None  # "SIGINT" / "SIGTERM": stopped early; the counts are what was reached
+    warnings: list = field(default_factory=list)  # files that could not be written (one line each)
+    not_exercised: dict = field(default_factory=dict)  # invariant -> why its check never ran (not_exercised())
 
     @property
     def verdict(self) -> str:
-        return "error" if self.error else "violation" if self.violations else "pass"
+        if self.violations:
+            return "violation"  # a finding is never hidden by an error or an interrupt elsewhere
+        return "error" if self.error else "interrupted" if self.interrupted else "pass"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +99,7 @@ class CheckReport:
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
             "max_examples": self.max_examples, "deterministic": self.max_examples is not None,
             "declaration": self.declaration, "assuming": [a.to_dict() for a in self.assuming],
+            "not_exercised": dict(self.not_exercised), "complete": self.interrupted is None, "interrupted": self.interrupted, "warnings": list(self.warnings),
         }
 
 
@@ -121,11 +127,13 @@ class Progress:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join()
-            sys.stderr.write("\r\033[K")
+            # interrupted: the last progress line stays on the terminal (what was reached)
+            stopped = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+            sys.stderr.write("\n" if stopped else "\r\033[K")
             sys.stderr.flush()
 
     def _loop(self) -> None:
@@ -134,6 +142,32 @@ class Progress:
             sys.stderr.write(f"\r\033[K[{self.level}] examples {c.get('examples', 0)}  steps {c.get('steps', 0)}  "
                              f"{time.monotonic() - self.start:5.1f}s / {self.budget:.0f}s")
             sys.stderr.flush()
+
+
+def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -> dict[str, str]:
+    """The invariants whose checks cannot fire in this run, and why, from the target's
+    traits and the options: a report must not say "no violation found" for them.
+    (ATOMIC_REJECT without --misuse and the cache-only checks on the pool level are
+    the report's own rules, kvspec.report.files.)"""
+    out: dict[str, str] = {}
+    if not getattr(target.traits, "null_block", True):
+        out["NULL_BLOCK"] = "the target has no null block"
+    groups_why = None
+    if "cache" not in levels:
+        groups_why = "cache level only"
+    elif not getattr(target.traits, "cache_features", False):
+        groups_why = "the target drives one KV-cache group"
+    if groups_why:
+        for inv in ("HIT_AGREEMENT", "WINDOW", "SLOTS"):
+            out[inv] = groups_why
+    elif kv_groups is not None:  # pinned by --kv-groups; None: drawn per example, several groups among them
+        from kvspec.spec.model.groups import parse_groups
+        groups = parse_groups(kv_groups)
+        if len(groups) < 2:
+            out["HIT_AGREEMENT"] = f"one KV-cache group: --kv-groups {kv_groups}"
+        if all(g.kind == "full" for g in groups):
+            out["WINDOW"] = f"no sliding-window or chunked group: --kv-groups {kv_groups}"
+    return out
 
 
 def _levels(target: Target, level: str) -> list[str]:
@@ -246,6 +280,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     commit, target and seed give the same verdict, counts and repro on any machine."""
     levels = _levels(target, level)
     report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples)
+    report.not_exercised = not_exercised(target, levels, kv_groups)
     from kvspec.targets.policies import declaration_of
     report.declaration, report.hintable = declaration_of(target), target.traits.hintable
     start = time.monotonic()
@@ -262,28 +297,50 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
             return False
         return ran() < max_examples if max_examples is not None else time.monotonic() - start < budget
 
-    with Progress(progress, budget) as prog:
-        # Round-robin over the levels, one batch at a time, so a bug that only one
-        # level can see is found as fast as one that both can; stop at the first.
-        while more():
-            for search in searches:
-                # Deterministic mode: the last batches shrink so the run stops near N (Hypothesis
-                # may run a few more examples than asked, discarded ones included: those count too).
-                n = EXAMPLES_PER_BATCH if max_examples is None else min(EXAMPLES_PER_BATCH, max_examples - ran())
-                if n <= 0:
-                    break
-                prog.level, prog.counters = search.level, search.machine.counters
-                found = search.run_batch(n)
-                if found:
-                    found.seconds_to_failure = time.monotonic() - start
-                    found.examples_to_failure = ran()
-                    report.violations.append(found)
-                    break
+    try:
+        with Progress(progress, budget) as prog:
+            # Round-robin over the levels, one batch at a time, so a bug that only one
+            # level can see is found as fast as one that both can; stop at the first.
+            while more():
+                for search in searches:
+                    # Deterministic mode: the last batches shrink so the run stops near N (Hypothesis
+                    # may run a few more examples than asked, discarded ones included: those count too).
+                    n = EXAMPLES_PER_BATCH if max_examples is None else min(EXAMPLES_PER_BATCH, max_examples - ran())
+                    if n <= 0:
+                        break
+                    prog.level, prog.counters = search.level, search.machine.counters
+                    found = search.run_batch(n)
+                    if found:
+                        found.seconds_to_failure = time.monotonic() - start
+                        found.examples_to_failure = ran()
+                        report.violations.append(found)
+                        break
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: report what was reached, marked incomplete
+        report.interrupted = _signal_name(e)
     report.seconds = time.monotonic() - start
     for search in searches:
         report.examples += search.machine.counters["examples"]
         report.steps += search.machine.counters["steps"]
         report.robustness += list(search.robust.values())
+    if not report.interrupted:  # interrupted: the findings are kept as found, not cut down
+        try:
+            _cut_down(target, report, misuse, max_examples)
+        except KeyboardInterrupt as e:
+            report.interrupted = _signal_name(e)
+    for f in report.violations + report.robustness:
+        f.repro = write_repro_or_warn(report, Path(report_dir), target_spec, target, f, patch_text=patch_text,
+                                      patch_name=patch, command=command)
+    return report
+
+
+def _signal_name(e: BaseException) -> str:
+    from kvspec.errors import Interrupted
+    return str(e) if isinstance(e, Interrupted) and str(e) else "SIGINT"
+
+
+def _cut_down(target: Target, report: CheckReport, misuse: bool, max_examples: Optional[int]) -> None:
+    """Minimize every finding, drop duplicate robustness findings, and take each
+    message and excerpt from a replay of the steps as cut down."""
     for f in report.violations + report.robustness:
         allow = f.kind == "robustness" or misuse
         if f.invariant == "NO_HANG":
@@ -297,7 +354,18 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
             out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
             if out.failed and out.invariant == f.invariant:
                 f.violations = out.violations
-        f.repro = str(write_repro(Path(report_dir), target_spec, target, f.config, f.steps, f.invariant,
-                                  f.violations[0].message, patch_text=patch_text, patch_name=patch,
-                                  command=command, minimal=f.minimal, kind=f.kind))
-    return report
+
+
+def write_repro_or_warn(report: CheckReport, directory: Path, target_spec: str, target: Target, f: Finding,
+                        **kw: Any) -> Optional[str]:
+    """Write ``f``'s repro and return its path; a directory or file that cannot be
+    written is a one-line warning on stderr (kept in ``report.warnings``) and None:
+    the finding itself is still reported."""
+    try:
+        return str(write_repro(directory, target_spec, target, f.config, f.steps, f.invariant,
+                               f.violations[0].message, minimal=f.minimal, kind=f.kind, **kw))
+    except OSError as e:
+        line = f"kvspec check: warning: repro not written to {directory}: {e.strerror or e}"
+        report.warnings.append(line)
+        print(line, file=sys.stderr)
+        return None

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 from typing import Any, Optional
-from kvspec.corpus.report import REPORT_JSON, load_report, render_reports, text_summary, write_reports
+from kvspec.corpus.report import REPORT_JSON, REPORT_MD, load_report, render_reports, text_summary, write_reports
 from kvspec.corpus.runner import DIFF_TIMEOUT_S, HARD_MARGIN_S, load_corpus, run_pool
 from kvspec.corpus.stats import _median, resummarize, summarize
 
@@ -64,11 +65,15 @@ def cmd_patches(args) -> int:
 
     if args.seeds < 1:
         raise UsageError("kvspec patches: --seeds must be at least 1")
-    if args.timeout <= 0:
-        raise UsageError("kvspec patches: --timeout must be positive")
-    jobs = args.jobs or os.cpu_count() or 1
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):  # NaN fails the first test
+        raise UsageError("kvspec patches: --timeout must be a finite number, positive")
+    from kvspec.check.command import available_cores, cap_jobs, ensure_report_dir
+    jobs = args.jobs or available_cores()
     if jobs < 1:
         raise UsageError("kvspec patches: --jobs must be at least 1")
+    jobs = cap_jobs(jobs, "kvspec patches")
+    if args.report_dir:  # before hours of trials: the results must have somewhere to go
+        ensure_report_dir(args.report_dir, "kvspec patches")
     corpus_dir, bugs = load_corpus(args.target)
     if args.only:
         want = [x.strip() for x in args.only.split(",") if x.strip()]
@@ -127,11 +132,20 @@ def cmd_patches(args) -> int:
     res["section"] = f"{args.target} --only {args.only}" if args.only else args.target
     res["machine"] = _machine(args.target)
     res["date"] = time.strftime("%Y-%m-%d")
-    res["reports"] = write_reports(res, args.report_dir) if args.report_dir else []
+    # where the report files will go, printed before they are written (a write that
+    # fails is a warning: the results on stdout are kept, the exit code is the verdict's)
+    res["reports"] = [str(os.path.join(args.report_dir, n)) for n in (REPORT_JSON, REPORT_MD)] if args.report_dir else []
     if args.json:
         print(json.dumps(res, default=str))
     else:
         print(text_summary(res))
+    sys.stdout.flush()
+    if args.report_dir:
+        try:
+            write_reports(res, args.report_dir)
+        except OSError as e:
+            print(f"kvspec patches: warning: report files not written to {args.report_dir}: {e.strerror or e}",
+                  file=sys.stderr)
     return 0 if res["verdict"] == "pass" else 1
 
 

@@ -198,7 +198,10 @@ def _finding_md(n: int, f, view: Optional[dict], base: Path) -> list[str]:
 
 def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Path(".")) -> str:
     d = report.to_dict()
-    verdict = {"pass": "pass: nothing found", "violation": "VIOLATION", "error": "error"}[report.verdict]
+    verdict = {"pass": "pass: nothing found", "violation": "VIOLATION", "error": "error",
+               "interrupted": "interrupted: nothing found so far"}.get(report.verdict, report.verdict)
+    if getattr(report, "interrupted", None):
+        verdict += f" (INCOMPLETE: stopped by {report.interrupted}; the counts are what was reached)"
     out = [f"# kvspec check: {report.target}" + (f" + {report.patch}" if report.patch else ""), "",
            f"**Verdict: {verdict}**", ""]
     out += _table(["", ""], [
@@ -239,6 +242,9 @@ def _result(report, inv: str) -> str:
         return "not exercised (no --misuse)"
     if inv in CACHE_ONLY and "cache" not in report.levels:
         return "not exercised (cache level only)"
+    why = (getattr(report, "not_exercised", None) or {}).get(inv)
+    if why:
+        return f"not exercised ({why})"
     if report.error:
         return "-"
     robust = sum(f.invariant == inv for f in report.robustness)
@@ -254,6 +260,8 @@ def _levels_invariants(report) -> list[tuple[str, str]]:
                 continue
             if inv == "ATOMIC_REJECT" and not report.misuse:
                 continue
+            if inv in (getattr(report, "not_exercised", None) or {}):
+                continue  # its check never ran: no testcase that could only pass
             out.append((level, inv))
     return out
 
@@ -291,6 +299,7 @@ def check_junit(report) -> bytes:
     for k, val in (("target", report.target), ("patch", report.patch or ""), ("seed", report.seed),
                    ("budget", report.budget), ("misuse", report.misuse), ("examples", report.examples),
                    ("steps", report.steps), ("verdict", report.verdict),
+                   ("complete", getattr(report, "interrupted", None) is None),
                    ("declaration", getattr(report, "declaration", ""))):
         ET.SubElement(props, "property", name=k, value=str(val))
     for f in report.violations:

@@ -8,6 +8,10 @@ def check_text(report) -> str:
     lines = [f"kvspec check: target {report.target}" + (f" + {report.patch}" if report.patch else "")
              + f", levels {', '.join(report.levels)}{', misuse' if report.misuse else ''}, seed {report.seed}",
              f"  {report.examples} examples, {report.steps} steps in {report.seconds:.1f}s"]
+    if getattr(report, "interrupted", None):
+        found = len(report.violations) + len(report.robustness)
+        lines.append(f"  INCOMPLETE: interrupted ({report.interrupted}); the counts above are what was reached, "
+                     f"{found} finding(s) so far" + (", possibly not cut down" if found else ""))
     from kvspec.check import hints
     if getattr(report, "declaration", ""):
         lines.insert(1, f"  declaration: {report.declaration}")
@@ -21,7 +25,7 @@ def check_text(report) -> str:
         lines.append(f"  {len(f.steps)} steps (Hypothesis shrank to {f.shrunk_steps})"
                      + ("" if f.minimal is None else f", minimal: {str(f.minimal).lower()}") + ":")
         lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
-        lines.append(f"  repro: {f.repro}")
+        lines.append(f"  repro: {f.repro or 'not written (see the warning above)'}")
         lines += hints.finding_lines(f)
     for f in report.robustness:
         v = f.violations[0]

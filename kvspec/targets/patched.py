@@ -48,10 +48,18 @@ def remove_tmp_dir() -> None:
 
 
 def read_patch(path: str) -> str:
+    """The text of a diff file; anything that is not a readable UTF-8 text file (a
+    directory, a binary file, a missing one) is a one-line PatchError."""
     try:
-        return Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
-        raise PatchError(f"cannot read patch {path}: {e.strerror}") from None
+        raise PatchError(f"cannot read patch {path}: {e.strerror or e}") from None
+    if b"\0" in data:
+        raise PatchError(f"patch {path} is a binary file, not a unified diff")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PatchError(f"patch {path} is not UTF-8 text (byte {e.start}): not a unified diff") from None
 
 
 def import_patched_copy(package_dir: Path, repo_prefix: str, diff_text: str, alias_stem: str) -> ModuleType:
