@@ -46,7 +46,7 @@ def _text(a: argparse.Namespace, r: MCResult, declaration: str = "") -> str:
              f"  {r.states:,} states, {r.transitions:,} transitions, depth {r.depth} explored"
              + (" (every reachable state seen)" if r.exhausted else "")
              + f", {r.seconds:.2f} s, {r.states_per_second:,.0f} states/s, "
-             f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork}"
+             f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork or 'not chosen yet'}"
              + (f", {r.workers} workers" if r.workers > 1 else "")
              + (f", states kept packed from depth {r.packed_from}" if r.packed_from is not None else "") + ")"]
     if declaration:

@@ -112,7 +112,10 @@ the whole search, start-up included.
 Stopping: at the depth bound or when no new state appears (the bounded state space
 is exhausted) the verdict is ``pass``; at the time cap or the memory cap (resident
 memory, read from ``/proc/self/statm``) it is ``incomplete``, never ``pass``, with
-how far the search got. Past a quarter of the memory cap the search keeps the states
+how far the search got. The caps are checked before every transition, so a single
+state's expansion cannot run past them, and a single call that does is interrupted
+(``kvspec.mc.budget``); a configuration whose one state cannot fit the memory cap is
+refused before anything is built. Past a quarter of the memory cap the search keeps the states
 it finds packed (``PACK_AT``, ``kvspec.mc.pack``), which costs a little time and lets
 a large search go further before the cap.
 """
