@@ -224,7 +224,8 @@ def test_the_chunked_generation_is_detected_and_prefilled_chunk_by_chunk(tmp_pat
 
 
 def test_a_chunked_manager_without_may_append_decodes_one_token_chunks(tmp_path):
-    t = _nano_target(_write(tmp_path, "chunked_nodecode", _chunked_src(decode=False)))
+    f = _write(tmp_path, "chunked_nodecode", _chunked_src(decode=False))
+    t = load_target(f"{f}:BlockManager")  # as the command line loads it: detected without can_append
     assert t.api == CHUNKED
     s = Session(t, Config(level="cache", num_blocks=4, block_size=2))
     assert _run(s, Admit("r1", (1, 2, 3))) == 0 and s.driver.seqs["r1"].block_table == [0, 1]

@@ -285,12 +285,18 @@ def _params(fn: Any) -> list[str]:
     return names[1:] if names[:1] == ["self"] else names
 
 
-def _missing(cls: type, api: str) -> list[str]:
+def _missing(cls: type, api: str, source: Optional[Path] = None) -> list[str]:
+    if api == "nanovllm":  # declared or aliased names, and a chunked manager without can_append/may_append
+        from kvspec.targets.names import load_names
+        from kvspec.targets.nanovllm_target import missing_nano_methods
+        return missing_nano_methods(cls, load_names(cls, source))
     return [m for m in API_METHODS[api] if not callable(getattr(cls, m, None))]
 
 
-def resolve(obj: Any, spec: str, api: Optional[str]) -> tuple[str, type, Optional[Callable[..., Any]]]:
-    """(api, the allocator's class, the factory or None)."""
+def resolve(obj: Any, spec: str, api: Optional[str], source: Optional[Path] = None
+            ) -> tuple[str, type, Optional[Callable[..., Any]]]:
+    """(api, the allocator's class, the factory or None); ``source`` is the file whose
+    nearest pyproject.toml may declare ``[tool.kvspec.names]``."""
     if api is not None and api not in API_METHODS:
         raise TargetError(f"--api {api}: choose one of {', '.join(API_METHODS)}")
     if isinstance(obj, type):
@@ -312,17 +318,17 @@ def resolve(obj: Any, spec: str, api: Optional[str]) -> tuple[str, type, Optiona
     else:
         raise TargetError(f"target {spec}: {type(obj).__name__} object is neither a class nor a factory")
     if api is not None:
-        missing = _missing(cls, api)
+        missing = _missing(cls, api, source)
         if missing:
             raise TargetError(f"target {spec}: {cls.__name__} lacks the {API_NAMES[api]} methods {', '.join(missing)}")
         return api, cls, make
     for a in API_METHODS:
-        if not _missing(cls, a):
+        if not _missing(cls, a, source):
             return a, cls, make
-    closest = min(API_METHODS, key=lambda a: len(_missing(cls, a)))
+    closest = min(API_METHODS, key=lambda a: len(_missing(cls, a, source)))
     raise TargetError(f"target {spec}: {cls.__name__} has none of the APIs kvspec drives (nano-vllm BlockManager, "
                       f"vLLM KVCacheManager, vLLM BlockPool); as a {API_NAMES[closest]} it lacks "
-                      f"{', '.join(_missing(cls, closest))}")
+                      f"{', '.join(_missing(cls, closest, source))}")
 
 
 def is_vllm_signature(cls: type, api: str) -> bool:
@@ -432,29 +438,29 @@ def _impl_target(spec: str, api: str, cls: type, build: Any, module: ModuleType,
 def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[str] = None,
                      patch_name: Optional[str] = None) -> Target:
     obj, module = load_object(spec)
-    api, cls, make = resolve(obj, spec, api)
+    source = _source_of(spec, module)  # where [tool.kvspec] is looked for: the unpatched file
+    api, cls, make = resolve(obj, spec, api, source)
     name = f"{spec}+{patch_name}" if patch_name else spec
     if patch_text is not None:
         pobj, pmodule = load_object(spec, patch_text)
-        _, pcls, pmake = resolve(pobj, spec, api)
+        _, pcls, pmake = resolve(pobj, spec, api, source)
     else:
         pmodule, pcls, pmake = module, cls, make
-    source = _source_of(spec, module)  # where [tool.kvspec] is looked for: the unpatched file
     if api == "nanovllm":
         seq_cls = _sequence_class(module, cls)
         try:
-            base = NanoTarget(cls, seq_cls, spec, make=make)
+            base = NanoTarget(cls, seq_cls, spec, make=make, source=source)
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}") from None
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
         if pcls is not cls:
-            check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake))
+            check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake, source=source))
         try:
             base.check_internals()
             # Declared policies (the patched class's kvspec_traits, [tool.kvspec], kvspec's
             # table of released derivatives), else vLLM's with a note; never probed.
-            traits = declared_nano_traits(pcls, seq_cls, base.api, spec, source=source)
-            target = NanoTarget(pcls, _sequence_class(pmodule, pcls), name, traits, make=pmake)
+            traits = declared_nano_traits(pcls, seq_cls, base.api, spec, source=source, make=make)
+            target = NanoTarget(pcls, _sequence_class(pmodule, pcls), name, traits, make=pmake, source=source)
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}{_why_unbuilt(str(e), make or cls)}") from None
         return target
