@@ -261,20 +261,70 @@ def _needs_parent_init(e: ImportError, modname: str) -> bool:
 DEPENDENCY_LIMIT_S = 120.0  # an installed library's own import (torch takes 10 s and more on a busy machine)
 
 
-def import_dependencies(path: Path, root: Optional[Path], own: str) -> None:
-    """Import the installed third-party libraries that ``path``, the files beside it and its
-    parent packages' ``__init__`` import at their top, before the user's import is timed:
-    ``--op-timeout`` bounds the user's code, not torch's import time. A library that fails
-    to import is left to the user's import (a stand-in if it is not installed)."""
-    files = sorted(path.parent.glob("*.py"))
-    d = path.parent
-    while root is not None and d != root and d.parent != d:
-        files.append(d / "__init__.py")
-        d = d.parent
-    tops: set[str] = set()
-    for f in files:
+def _import_targets(source: Path) -> list[tuple[int, str, tuple[str, ...]]]:
+    """(relative level, module, imported names) of every import statement in ``source``."""
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8", errors="replace"))
+    except (SyntaxError, ValueError, OSError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(0, a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+    return out
+
+
+def _local_file(base: Path, dotted: str) -> Optional[Path]:
+    """``base/a/b.py`` or ``base/a/b/__init__.py`` for ``a.b``, where it exists."""
+    if not dotted:
+        return None
+    p = base.joinpath(*dotted.split("."))
+    for f in (p.with_suffix(".py"), p / "__init__.py"):
         if f.is_file():
-            tops |= _imports(f)[0]
+            return f
+    return None
+
+
+def _reached_files(path: Path, root: Optional[Path], own: str) -> tuple[list[Path], set[str]]:
+    """(the user's files ``path`` imports, transitively, itself first; the top-level names
+    of the other, third-party, imports among them). Only what the target's import can run:
+    the files beside it that it never imports (a model runner importing torch and
+    transformers) are not read, so their libraries are not loaded for nothing."""
+    seen, todo, third = [path], [path], set()
+    while todo:
+        f = todo.pop()
+        for level, module, names in _import_targets(f):
+            if level:
+                base = f.parent
+                for _ in range(level - 1):
+                    base = base.parent
+                cands = [_local_file(base, module)] if module else []
+                cands += [_local_file(base, f"{module}.{n}" if module else n) for n in names]
+            else:
+                top = module.split(".", 1)[0]
+                cands = []
+                if root is not None and top == own:
+                    cands = [_local_file(root, module)] + [_local_file(root, f"{module}.{n}") for n in names]
+                elif _local_file(path.parent, top) is not None:
+                    cands = [_local_file(path.parent, module)]
+                else:
+                    third.add(top)
+                    continue
+            for c in cands:
+                if c is not None and c not in seen:
+                    seen.append(c)
+                    todo.append(c)
+    return seen, third
+
+
+def import_dependencies(path: Path, root: Optional[Path], own: str) -> None:
+    """Import the installed third-party libraries that ``path`` and the user's modules it
+    imports (transitively) import, before the user's import is timed: ``--op-timeout``
+    bounds the user's code, not torch's import time. A library that fails to import is
+    left to the user's import (a stand-in if it is not installed)."""
+    _, tops = _reached_files(path, root, own)
     local = {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
     skip = set(sys.stdlib_module_names) | local | {own}
     for top in sorted(tops - skip):
