@@ -160,6 +160,10 @@ def test_a_lazily_cleaned_deque_is_read_through_its_companion_set(tmp_path):
     declared = _declare(odd, 'kvspec_names = {"free_block_set": "truth"}')
     assert _check(load_target(f"{_write(tmp_path, 'lazy_decl', declared)}:BlockManager"), tmp_path, 150).verdict \
         == "pass"
+    # A private set whose name says "free" (``_free_set``, as a public manager spells it) is the one candidate.
+    private = LAZY.replace("FREESET", "_free_set")
+    assert _check(load_target(f"{_write(tmp_path, 'lazy_private', private)}:BlockManager"), tmp_path, 150).verdict \
+        == "pass"
 
 
 def test_read_free_list_rules():

@@ -40,7 +40,8 @@ Free lists read without a hook. ``free_block_ids`` may be a deque or list of ids
 ``OrderedDict``/dict whose keys are ids, in eviction order. A lazily cleaned deque (entries
 whose block is no longer free are skipped when popped, and a companion set holds the
 truth) is recognized only when the manager also has a set named ``free_block_set`` in the
-name map, or ``<free list name>_set`` / ``<free list name minus _ids>_set``: the free
+name map, or ``<free list name>_set`` / ``<free list name minus _ids>_set`` (each also with a
+leading underscore), or else the one set-valued attribute whose name contains "free": the free
 queue is then the deque's entries that are in the set, each block at its first
 occurrence (where a lazy pop would find it), and a block in the set that the deque never
 yields is reported as a free-list problem. A bare set of free ids has no order: kvspec
@@ -227,10 +228,15 @@ def companion_set(owner: Any, free_attr: str, names: Optional[Names] = None) -> 
         return s if isinstance(s, (set, frozenset)) else None
     stem = free_attr[:-4] if free_attr.endswith("_ids") else free_attr
     for cand in dict.fromkeys((f"{free_attr}_set", f"{stem}_set")):
-        s = getattr(owner, cand, None)
-        if isinstance(s, (set, frozenset)):
-            return s
-    return None
+        for name in (cand, "_" + cand.lstrip("_")):
+            s = getattr(owner, name, None)
+            if isinstance(s, (set, frozenset)):
+                return s
+    # Otherwise the one set-valued attribute whose name speaks of "free" (``_free_set``,
+    # ``free_ids``): with two or more, which one holds the truth is for a declaration.
+    sets = [v for k, v in vars(owner).items()
+            if "free" in k.lower() and k != free_attr and isinstance(v, (set, frozenset))]
+    return sets[0] if len(sets) == 1 else None
 
 
 def read_free_list(free: Any, truth: Optional[set] = None, key=None) -> tuple[list, list[str]]:
