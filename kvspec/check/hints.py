@@ -30,7 +30,9 @@ WORDS: dict[tuple[str, Any], str] = {
                                  "revives) are free",
     ("free_evicts", True): "a block leaves your prefix cache when its last holder frees it",
     ("free_evicts", False): "a freed block stays cached, and can be hit, until allocation reuses it",
-    ("whole_prompt_hits", True): "a prefix hit may cover the whole prompt in your engine",
+    ("whole_prompt_hits", True): "your engine's model runner handles a hit that covers the whole prompt (it still "
+                                 "computes the last token's logits, e.g. as a decode step; if it does not, this "
+                                 "is a bug)",
     ("whole_prompt_hits", False): "a prefix hit never covers the whole prompt in your engine",
     ("free_order", "lru_tail_first"): "freed blocks go to the back of your free queue, a request's tail first",
     ("free_order", "mru"): "freed blocks go to the front of your free queue (the most recently freed is reused first)",
