@@ -159,5 +159,5 @@ def test_an_interrupted_check_prints_what_it_reached(sig, tmp_path):
     out, err = p.communicate(timeout=120)
     d = json.loads(out)
     assert p.returncode == 128 + sig, err
-    assert d["verdict"] == "interrupted" and d["complete"] is False and d["interrupted"] == sig.name
+    assert d["verdict"] == "incomplete" and d["complete"] is False and d["interrupted"] == sig.name
     assert "examples" in d and "steps" in d and "seconds" in d

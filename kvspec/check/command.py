@@ -128,11 +128,11 @@ def cmd_check(a: argparse.Namespace) -> int:
                 return _check(a, max_examples, deterministic)
             except KeyboardInterrupt as e:  # before the search started (loading the target): nothing reached
                 name = interrupted_name(e)
-                _emit({"target": a.target, "patch": a.patch, "verdict": "interrupted", "complete": False,
+                _emit({"target": a.target, "patch": a.patch, "verdict": "incomplete", "complete": False,
                        "interrupted": name, "examples": 0, "steps": 0,
                        "seconds": round(time.monotonic() - start, 3), "violations": [], "robustness": []},
                       a.json, f"kvspec check: interrupted ({name}) before the search started; nothing checked\n"
-                              "verdict: interrupted")
+                              "verdict: incomplete")
                 import signal
                 return 128 + int(getattr(signal, name, signal.SIGINT))
     finally:

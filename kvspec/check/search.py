@@ -87,7 +87,7 @@ class CheckReport:
     def verdict(self) -> str:
         if self.violations:
             return "violation"  # a finding is never hidden by an error or an interrupt elsewhere
-        return "error" if self.error else "interrupted" if self.interrupted else "pass"
+        return "error" if self.error else "incomplete" if self.interrupted else "pass"  # as kvspec mc says it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,7 +99,8 @@ class CheckReport:
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
             "max_examples": self.max_examples, "deterministic": self.max_examples is not None,
             "declaration": self.declaration, "assuming": [a.to_dict() for a in self.assuming],
-            "not_exercised": dict(self.not_exercised), "complete": self.interrupted is None, "interrupted": self.interrupted, "warnings": list(self.warnings),
+            "not_exercised": dict(self.not_exercised), "complete": self.interrupted is None,
+            "interrupted": self.interrupted, "warnings": list(self.warnings),
         }
 
 

@@ -199,7 +199,7 @@ def _finding_md(n: int, f, view: Optional[dict], base: Path) -> list[str]:
 def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Path(".")) -> str:
     d = report.to_dict()
     verdict = {"pass": "pass: nothing found", "violation": "VIOLATION", "error": "error",
-               "interrupted": "interrupted: nothing found so far"}.get(report.verdict, report.verdict)
+               "incomplete": "incomplete: nothing found so far"}.get(report.verdict, report.verdict)
     if getattr(report, "interrupted", None):
         verdict += f" (INCOMPLETE: stopped by {report.interrupted}; the counts are what was reached)"
     out = [f"# kvspec check: {report.target}" + (f" + {report.patch}" if report.patch else ""), "",
