@@ -184,11 +184,9 @@ KNOWN = [  # the inputs of issue 22, first: each once crashed, hung or passed by
     ["diff", "--patch", "{binary.bin}", "--json"],
     ["check", "--budget", "inf", "--json"],
     ["api", "bogus", "--json"],
-] + [pytest.param(argv, marks=pytest.mark.xfail(
-    reason="kvspec.targets.policies.declared_traits merges kvspec_traits before validating it (asked of its "
-           "owner); check turns it into a TargetError, mc and bench do not yet", strict=False))
-    for argv in (["mc", "--depth", "1", "--target", "{badtraits.py}:T"],
-                 ["bench", "--ops", "10", "--target", "{badtraits.py}:T", "--json"])]
+    ["mc", "--depth", "1", "--target", "{badtraits.py}:T"],
+    ["bench", "--ops", "10", "--target", "{badtraits.py}:T", "--json"],
+]
 
 
 @pytest.mark.parametrize("argv", KNOWN, ids=" ".join)

@@ -304,6 +304,8 @@ def declared_traits(base: Any, *, cls: Optional[type], source: Optional[Path], n
                             f"in pyproject.toml); checking it against {defaults_name} defaults: {shown}")
         t = with_policies(base, dflt, f"{defaults_name} defaults", mod, declaration=f"none: {defaults_name} defaults")
         return dataclasses.replace(t, hintable=frozenset(HINTABLE))
+    if not isinstance(decl, Mapping):  # before merging: "not a dict" is the user's one-line mistake
+        raise UsageError(f"{where}: the policy declaration must be a table/dict, not {type(decl).__name__}")
     merged = dict(defaults or {})
     merged.update(decl)
     t = with_policies(base, merged, where, mod)
