@@ -367,8 +367,9 @@ def test_the_model_keeps_the_first_writer_and_refreshes_on_lookup():
     m.apply(Free((1,)))
     m.apply(Alloc(0))
     assert m.queue == [2, 3, 4, 1]
-    m.queue = [1, 2, 3, 4]
+    m.queue = q = [1, 2, 3, 4]
     assert m.apply(Lookup("a")) == 1 and m.queue == [2, 3, 4, 1]
+    assert m.queue is not q  # a new list: the incremental check tells a changed queue by identity or length
     # at the cache level the admission check refreshes its hits, even when it then refuses
     from kvspec.spec.model import CacheModel
     c = CacheModel(Config(level="cache", num_blocks=3, block_size=2), Traits(null_block=False, lru_refresh_on_lookup=True))

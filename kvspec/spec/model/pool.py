@@ -150,11 +150,12 @@ class PoolModel:
 
     def refresh(self, blocks) -> None:
         """An LRU cache's read (Traits.lru_refresh_on_lookup): each free block of
-        ``blocks`` moves to the back of the queue, the MRU end, in that order."""
-        for b in blocks:
-            if self.ref[b] == 0 and b in self.queue:
-                self.queue.remove(b)
-                self.queue.append(b)
+        ``blocks`` moves to the back of the queue, the MRU end, in that order. A new
+        list, never an in-place change: the incremental check (kvspec.check.session)
+        tells a changed queue by its identity or length."""
+        moved = [b for b in dict.fromkeys(blocks) if self.ref[b] == 0 and b in self.queue]
+        if moved:
+            self.queue = [b for b in self.queue if b not in moved] + moved
 
     def touch(self, blocks) -> None:
         for b in blocks:
