@@ -167,3 +167,11 @@ def test_of_several_values_that_explain_a_finding_the_search_goes_on_under_the_o
     assert rc == 1 and v["invariant"] == "EVICTION_ORDER" and 'free_order = "sorted"' in [h["declare"] for h in v["hints"]]
     (a,) = d["assuming"]
     assert a["assume"] == {"free_order": "sorted"} and a["verdict"] == "pass"
+
+
+def test_the_readme_strict_example_gets_its_hint_and_a_clean_continued_search(capsys, tmp_path):
+    """The README's five-minute hint: examples/my_block_manager_strict.py as shipped."""
+    rc, out = _check(capsys, str(ROOT / "examples" / "my_block_manager_strict.py") + ":BlockManager", tmp_path)
+    assert rc == 1 and out["violations"][0]["invariant"] == "NO_LEAK"
+    assert [h["declare"] for h in out["violations"][0]["hints"]] == ["admit_all_blocks = true"]
+    assert [a["verdict"] for a in out["assuming"]] == ["pass"]
