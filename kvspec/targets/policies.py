@@ -79,7 +79,8 @@ VLLM_DEFAULTS: dict[str, Any] = {
 # release documents (its docstrings and design notes), not what a probe of its code saw.
 KNOWN: dict[str, dict[str, Any]] = {
     # vllm.v1.core.block_pool.free_blocks: "LIFO reuse of non-cached blocks" to the front
-    "vllm": {"unhashed_free_first": True},
+    # BlockPool.get_new_blocks over capacity: raise ValueError("Cannot get N free blocks from the pool")
+    "vllm": {"unhashed_free_first": True, "misuse_errors": {"over_alloc": "ValueError"}},
     # boolean can_allocate counts every block; deallocate's "Fix" drops a freed block's entry
     "nano-vllm-fork": {"admit_all_blocks": True, "free_evicts": True},
     # "runs a fully cached prompt as a decode step": the scheduler skips prefill when
