@@ -22,8 +22,10 @@ stderr, so kvspec never hangs.
 Never after the call returned. The handler raises only into the call it was sent for
 (not when ``_active`` names another call, or none), and not inside a context that
 would swallow the exception and print "Exception ignored in ..." after the call went
-on and returned (a ``gc`` callback such as Hypothesis's, a ``__del__``): there it asks
-the watchdog to signal again within ``RETRY_S`` instead. ``sys.unraisablehook`` drops
+on and returned (a ``gc`` callback such as Hypothesis's, a ``__del__``): there it sets
+a one-frame trace that raises at the next line of the frame the callback interrupted
+(``_set_trap``), or, when something else traces (a debugger, coverage), asks the
+watchdog to signal again within ``RETRY_S``. ``sys.unraisablehook`` drops
 any ``OpTimeout`` swallowed anyway (a weakref callback, say) and asks for the same
 retry. A late signal of ours is dropped, never passed on to a SIGALRM handler we
 replaced (pytest-timeout's would fail the test).
@@ -92,46 +94,102 @@ def _on_alarm(signum, frame) -> None:
     a = _active
     if a is None or a[0] != _fired:
         return  # ours, but that call has returned: dropped
-    if not _can_raise_in(frame):
-        _retry = True
-        return
-    raise OpTimeout(a[2])
+    outside = _outside(frame)
+    if outside is frame:
+        raise OpTimeout(a[2])
+    if outside is None or not _set_trap(outside, a):
+        _retry = True  # the watchdog signals again soon
 
 
 _gc_codes: tuple = ()   # the code objects of gc.callbacks, refreshed when that list changes
 _gc_seen: tuple = ()
 
 
-def _can_raise_in(frame) -> bool:
-    """Would an exception raised in ``frame`` reach the call's caller? Not where Python
-    would swallow it: a gc callback (Hypothesis registers one), a ``__del__``."""
+def _swallowing(f) -> bool:
+    """Is ``f`` code whose exceptions Python swallows ("Exception ignored in ...")?
+    A gc callback (Hypothesis registers one) or a ``__del__``."""
     global _gc_codes, _gc_seen
-    if frame is None:
+    code = f.f_code
+    if code.co_name == "__del__":
         return True
-    if frame.f_code.co_name == "__del__":
-        return False
     import gc
     cbs = tuple(gc.callbacks)
     if cbs != _gc_seen:
         _gc_seen = cbs
         _gc_codes = tuple(c for c in (getattr(cb, "__code__", None) or
                                       getattr(getattr(cb, "__func__", None), "__code__", None) for cb in cbs) if c)
-    f = frame
-    for _ in range(8):  # a callback's own callees: a few frames up is enough
+    return code in _gc_codes
+
+
+def _outside(frame):
+    """The frame an exception raised now should be raised in: ``frame`` itself, or, when
+    ``frame`` is inside a gc callback or ``__del__`` (or a few calls below one), the frame
+    that callback interrupted."""
+    f, target = frame, frame
+    for _ in range(8):
         if f is None:
             break
-        if f.f_code in _gc_codes:
-            return False
+        if _swallowing(f):
+            target = f.f_back
         f = f.f_back
+    return target
+
+
+_trap: Optional[tuple] = None   # (call id, frame) while an OpTimeout waits for that frame's next event
+
+
+def _set_trap(frame, a: tuple) -> bool:
+    """Raise ``OpTimeout`` at ``frame``'s next line (once the callback the signal landed in
+    has returned), through a frame trace function. Only when no one else traces (a
+    debugger, coverage): then the caller falls back to signalling again."""
+    global _trap
+    if _trap is not None or sys.gettrace() is not None:
+        return False
+    _trap = (a[0], frame)
+
+    def at_next_event(f, event, arg):
+        if _trap is None or f is not _trap[1]:
+            return None
+        _clear_trap()
+        cur = _active
+        if cur is not None and cur[0] == a[0]:
+            raise OpTimeout(a[2])
+        return None
+
+    sys.settrace(_no_new_frames)   # line events are delivered only while the thread traces
+    frame.f_trace_lines = True
+    frame.f_trace = at_next_event
     return True
 
 
+def _no_new_frames(frame, event, arg):
+    return None  # the trap traces one frame, no other
+
+
+def _clear_trap() -> None:
+    global _trap
+    t, _trap = _trap, None
+    if t is not None:
+        t[1].f_trace = None
+        if sys.gettrace() is _no_new_frames:
+            sys.settrace(None)
+
+
 def _unraisable(info) -> None:
-    """Drops an ``OpTimeout`` that Python swallowed (raised where it could not
-    propagate) and asks for another signal; everything else goes to the hook before."""
+    """Python swallowed an exception raised where it could not propagate (a gc or
+    weakref callback, a ``__del__``). An ``OpTimeout``: dropped, and the watchdog signals
+    again. The CLI's ``kvspec.errors.Interrupted`` (a Ctrl-C or SIGTERM that landed in
+    such a callback, and would otherwise be lost: the run went on to its budget): the
+    same signal is delivered again a moment later. Everything else goes to the hook before."""
     global _retry
-    if isinstance(info.exc_value, OpTimeout):
+    e = info.exc_value
+    if isinstance(e, OpTimeout):
         _retry = True
+        return
+    if type(e).__name__ == "Interrupted" and type(e).__module__ == "kvspec.errors" and getattr(e, "signum", None):
+        t = threading.Timer(RETRY_S, signal.pthread_kill, (_MAIN_IDENT, e.signum))
+        t.daemon = True
+        t.start()
         return
     _previous_unraisable(info)
 
@@ -206,7 +264,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
-    """``fn(*args)``, raising ``OpTimeout`` if it has not returned within ``seconds``."""
+    """``fn(*args)``, raising ``OpTimeout`` if it has not returned within ``seconds``.
+
+    A call that returns, but after its deadline, raises ``OpTimeout`` too, here, where
+    the caller gets it (one clock read): the watchdog thread wakes only every few
+    milliseconds, so without this a limit shorter than that (``--op-timeout 0.000001``)
+    would catch a call or not by chance, and a replay of the same steps could end
+    elsewhere. With it, every call longer than the limit is one, every time."""
     global _active, _seq
     if not seconds:
         return fn(*args)
@@ -214,11 +278,17 @@ def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
         return _in_thread(seconds, fn, args)
     outer = _active  # a call inside a bounded() block: the block's limit comes back after it
     _seq += 1
-    _active = (_seq, _mono() + seconds, seconds)
+    deadline = _mono() + seconds
+    _active = (_seq, deadline, seconds)
     try:
-        return fn(*args)
+        result = fn(*args)
     finally:
         _active = outer
+        if _trap is not None:  # a raise that waited for a frame which returned first
+            _clear_trap()
+    if _mono() > deadline:
+        raise OpTimeout(seconds)
+    return result
 
 
 def _in_thread(seconds: float, fn: Callable, args: tuple) -> Any:
@@ -231,9 +301,10 @@ def _in_thread(seconds: float, fn: Callable, args: tuple) -> Any:
             box["error"] = e
 
     t = threading.Thread(target=run, daemon=True, name="kvspec-op")
+    deadline = _mono() + seconds
     t.start()
     t.join(seconds)
-    if t.is_alive():
+    if t.is_alive() or _mono() > deadline:
         raise OpTimeout(seconds)
     if "error" in box:
         raise box["error"]
@@ -287,6 +358,7 @@ def note_sigint() -> None:
     raises ``kvspec.errors.Interrupted``, which tells it apart by type. Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _hook_unraisable()  # a Ctrl-C raised inside a gc/weakref callback is delivered again (_unraisable)
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, _noting_int_handler)
