@@ -287,12 +287,14 @@ def _local_file(base: Path, dotted: str) -> Optional[Path]:
     return None
 
 
-def _reached_files(path: Path, root: Optional[Path], own: str) -> tuple[list[Path], set[str]]:
+def _reached_files(path: Path, root: Optional[Path], own: str
+                   ) -> tuple[list[Path], dict[str, set[tuple[str, tuple[str, ...]]]]]:
     """(the user's files ``path`` imports, transitively, itself first; the top-level names
-    of the other, third-party, imports among them). Only what the target's import can run:
+    of the other, third-party, imports among them, each with its (module, names) statements). Only what the target's import can run:
     the files beside it that it never imports (a model runner importing torch and
     transformers) are not read, so their libraries are not loaded for nothing."""
-    seen, todo, third = [path], [path], set()
+    seen, todo = [path], [path]
+    third: dict[str, set[tuple[str, tuple[str, ...]]]] = {}
     while todo:
         f = todo.pop()
         for level, module, names in _import_targets(f):
@@ -310,7 +312,7 @@ def _reached_files(path: Path, root: Optional[Path], own: str) -> tuple[list[Pat
                 elif _local_file(path.parent, top) is not None:
                     cands = [_local_file(path.parent, module)]
                 else:
-                    third.add(top)
+                    third.setdefault(top, set()).add((module, names))
                     continue
             for c in cands:
                 if c is not None and c not in seen:
@@ -327,7 +329,7 @@ def import_dependencies(path: Path, root: Optional[Path], own: str) -> None:
     _, tops = _reached_files(path, root, own)
     local = {p.stem for p in path.parent.glob("*.py")} | {p.name for p in path.parent.iterdir() if p.is_dir()}
     skip = set(sys.stdlib_module_names) | local | {own}
-    for top in sorted(tops - skip):
+    for top in sorted(set(tops) - skip):
         if top in sys.modules:
             continue
         try:
@@ -341,12 +343,27 @@ def import_dependencies(path: Path, root: Optional[Path], own: str) -> None:
             continue  # the user's own code, found on the path: timed with the rest
         try:
             bounded(max(DEPENDENCY_LIMIT_S, op_timeout() or 0), f"importing {top} (a library {path.name} needs)",
-                    lambda: importlib.import_module(top))
+                    lambda: _import_statements(top, tops[top]))
         except TargetError:
             raise
         except BaseException as e:  # noqa: BLE001 - the user's import will say what is wrong
             if isinstance(e, (KeyboardInterrupt, SystemExit)):
                 raise
+
+
+def _import_statements(top: str, statements: set[tuple[str, tuple[str, ...]]]) -> None:
+    """Run ``import module`` / ``from module import names`` for a library, names included:
+    a lazy package (transformers) imports the heavy part only when a name is taken, and
+    that must not fall inside the user's timed import (a verdict must not depend on load)."""
+    importlib.import_module(top)
+    for module, names in sorted(statements):
+        try:
+            mod = importlib.import_module(module)
+            for n in names:
+                if n != "*":
+                    getattr(mod, n, None)
+        except Exception:  # noqa: BLE001 - the user's import will say what is wrong
+            continue
 
 
 def bounded(seconds: Optional[float], what: str, fn: Callable[[], Any], why: str = "--op-timeout") -> Any:
