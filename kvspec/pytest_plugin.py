@@ -287,7 +287,7 @@ def pytest_configure(config) -> None:
         raise pytest.UsageError("--kvspec-max-examples must be positive and cannot be combined with --kvspec-budget")
     op_timeout = config.getoption("--kvspec-op-timeout", None)
     if op_timeout is not None:
-        from kvspec.check import watchdog
+        from kvspec.targets import watchdog
         config.stash[_SAVED_TIMEOUT] = watchdog.default()
         watchdog.set_default(op_timeout)
     repro = config.getoption("--kvspec-repro-dir", None) or str(Path(config.rootpath) / DEFAULT_REPRO_DIR)
@@ -309,7 +309,7 @@ def pytest_unconfigure(config) -> None:
         _ACTIVE, _CONFIGURED, ran = saved
         _RAN[:] = ran
     if _SAVED_TIMEOUT in config.stash:
-        from kvspec.check import watchdog
+        from kvspec.targets import watchdog
         watchdog.set_default(config.stash[_SAVED_TIMEOUT])
 
 

@@ -14,7 +14,7 @@ import pytest
 
 import kvspec.check.session as session_mod
 import kvspec.spec.invariants as inv
-from kvspec.check import watchdog
+from kvspec.targets import watchdog
 from kvspec.check.minimize import ddmin, deepening_search, fails_with, minimize_finding
 from kvspec.check.session import Session, run_steps
 from kvspec.spec.config import Config

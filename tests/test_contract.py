@@ -117,7 +117,7 @@ def test_the_nano_check_reads_the_drivers_own_table():
 
 
 def test_binding_error_at_call_time_is_kvspecs_not_the_targets():
-    from kvspec.check.watchdog import guarded
+    from kvspec.targets.watchdog import guarded
 
     def takes_one(seq):
         return seq

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.check import watchdog
+from kvspec.targets import watchdog
 from kvspec.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

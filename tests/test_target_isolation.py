@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.check import watchdog
+from kvspec.targets import watchdog
 from kvspec.check.minimize import minimize_finding
 from kvspec.check.search import run_check
 from kvspec.check.session import Session
@@ -175,7 +175,7 @@ def test_the_target_output_is_shown_with_its_finding(tmp_path):
 # -- the watchdog ---------------------------------------------------------------------------
 WATCHDOG_GC_SCRIPT = r"""
 import gc, sys, time
-from kvspec.check import watchdog
+from kvspec.targets import watchdog
 
 def slow_callback(phase, info):  # Python code where a signal may land: an exception here is swallowed
     t = time.perf_counter()
@@ -225,7 +225,7 @@ def test_a_tiny_op_timeout_is_one_line_every_time(tmp_path):
 
 CTRL_C_IN_A_CALLBACK = r"""
 import signal, time, weakref
-from kvspec.check import watchdog
+from kvspec.targets import watchdog
 from kvspec.errors import Interrupted, interrupt_handlers
 
 watchdog.note_sigint()  # what every Session does

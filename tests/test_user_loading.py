@@ -210,7 +210,7 @@ def test_a_bare_assert_in_the_constructor_says_what_kvspec_tried(tmp_path):
 def test_the_import_limit_is_op_timeout_for_the_users_code_only(tmp_path, monkeypatch):
     """Code under the working directory gets --op-timeout; an installed package (vLLM's
     import alone outlasts a 10 s call limit) gets at least DEPENDENCY_LIMIT_S."""
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
     from kvspec.targets.file_import import DEPENDENCY_LIMIT_S, import_limit
 
     monkeypatch.chdir(tmp_path)

@@ -92,7 +92,7 @@ def ensure_report_dir(path: str, command: str) -> None:
 def cmd_check(a: argparse.Namespace) -> int:
     """Exit code 0 when nothing was found, 1 on a violation, 2 on an error; on Ctrl-C or
     SIGTERM what was reached is printed, marked incomplete (130 or 143, 1 with a finding)."""
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
     from kvspec.check.search import DETERMINISTIC_EXAMPLES
 
     max_examples = getattr(a, "max_examples", None)
@@ -190,7 +190,7 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
     if a.report_dir:
         from kvspec.report.files import write_check_reports
         try:
-            write_check_reports(report, a.report_dir)
+            write_check_reports(report, a.report_dir, target)
         except OSError as e:
             print(f"kvspec check: warning: report files not written to {a.report_dir}: {e.strerror or e}",
                   file=sys.stderr)

@@ -226,7 +226,7 @@ def minimize_hang(target: Target, config: Config, steps: Sequence[Op], allow_mis
                   confirm_by: Optional[float] = None, max_tests: int = DDMIN_MAX_TESTS) -> list[Op]:
     """A shorter list of steps ending in the same hanging call, or ``steps`` itself (the
     module doc: the hanging op is called at most once more, to confirm)."""
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
 
     steps = list(steps)
     if len(steps) < 2:

@@ -91,7 +91,7 @@ def replay_outcome(target: Union[str, Target], config: Union[dict, Config], step
                    origin: Optional[tuple] = None) -> Outcome:
     """Where ``steps`` fails (kvspec.check.session.Outcome). ``op_timeout``: seconds per
     target call (None: no limit; not given: the one in force). ``origin``: see the module doc."""
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
 
     cfg = config if isinstance(config, Config) else Config(**config)
     saved = watchdog.default()

@@ -90,7 +90,7 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     w(f"from kvspec.spec.ops import {', '.join(ops)}" if ops else "")
     w("from kvspec.check.replay import replay")
     w("")
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
     w(f"TARGET = {target_spec!r}")
     w(f"RAN_IN = {ran_in(directory)!r}  # where kvspec check ran: from this file, and absolute")
     w(f"OP_TIMEOUT = {watchdog.default()!r}  # seconds per target call it ran under (None: no limit)")

@@ -58,6 +58,7 @@ class Finding:
             "seconds_to_failure": None if self.seconds_to_failure is None else round(self.seconds_to_failure, 3),
             "examples_to_failure": self.examples_to_failure,
             "hints": [h.to_dict() for h in self.hints], "label": self.label,
+            "target_output": getattr(v, "target_output", ""),
         }
 
 
@@ -242,7 +243,9 @@ class LevelSearch:
         except InvariantViolation as e:
             return Finding("violation", self.level, e.config, e.steps, e.violations, len(e.steps))
         except Flaky as e:  # a failure that does not replay: still a finding
-            cause = next((x for x in getattr(e, "exceptions", []) if isinstance(x, InvariantViolation)), None)
+            # the finding is among its exceptions, or (FlakyStrategyDefinition) its context
+            cands = list(getattr(e, "exceptions", None) or []) + [e.__context__, e.__cause__]
+            cause = next((x for x in cands if isinstance(x, InvariantViolation)), None)
             if cause is None:
                 raise
             return Finding("violation", self.level, cause.config, cause.steps, cause.violations, len(cause.steps))
@@ -325,7 +328,8 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
         report.robustness += list(search.robust.values())
     if not report.interrupted:  # interrupted: the findings are kept as found, not cut down
         try:
-            _cut_down(target, report, misuse, max_examples)
+            _cut_down(target, report, misuse, max_examples,
+                      confirm_by=None if max_examples is not None else start + budget)
         except KeyboardInterrupt as e:
             report.interrupted = _signal_name(e)
     for f in report.violations + report.robustness:
@@ -339,16 +343,18 @@ def _signal_name(e: BaseException) -> str:
     return str(e) if isinstance(e, Interrupted) and str(e) else "SIGINT"
 
 
-def _cut_down(target: Target, report: CheckReport, misuse: bool, max_examples: Optional[int]) -> None:
+def _cut_down(target: Target, report: CheckReport, misuse: bool, max_examples: Optional[int],
+              confirm_by: Optional[float] = None) -> None:
     """Minimize every finding, drop duplicate robustness findings, and take each
-    message and excerpt from a replay of the steps as cut down."""
+    message and excerpt from a replay of the steps as cut down. A NO_HANG finding is cut
+    down by the model alone and confirmed with at most one more hang, only if that can
+    end by ``confirm_by`` (None: always; see minimize.minimize_hang)."""
     for f in report.violations + report.robustness:
         allow = f.kind == "robustness" or misuse
-        if f.invariant == "NO_HANG":
-            continue  # every replay would hang for the op timeout again: kept as found, not claimed minimal
         # ddmin, then a bounded BFS that may also move the repro to a smaller pool
         f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow,
-                                                        deterministic=max_examples is not None)
+                                                        deterministic=max_examples is not None,
+                                                        confirm_by=confirm_by)
     report.robustness = _dedupe_robustness(target, report.robustness)
     for f in report.violations + report.robustness:
         if f.invariant != "NO_HANG":

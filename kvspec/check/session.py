@@ -23,8 +23,8 @@ fast; ``KVSPEC_INCREMENTAL=1`` / ``=0`` forces it on / off.
 The target cannot hijack kvspec
 -------------------------------
 Every call into the target (building it, an op, a full observation) goes through
-``_call``: under the op timeout (``kvspec.check.watchdog``), with ``sys.stdout`` and
-``sys.stderr`` pointed at the session's ``Tail`` (``kvspec.check.target_output``), and
+``_call``: under the op timeout (``kvspec.targets.watchdog``), with ``sys.stdout`` and
+``sys.stderr`` pointed at the session's ``Tail`` (``kvspec.targets.target_output``), and
 with ``SystemExit`` and ``KeyboardInterrupt`` caught: a target that calls
 ``sys.exit()`` or raises ``KeyboardInterrupt`` is a ``NO_CRASH`` finding, never the end
 of kvspec (a CI gate would pass on exit 0). A real Ctrl-C (SIGINT delivered to the
@@ -44,6 +44,11 @@ Such a replay also gives the calls *before* the hang, which returned when it was
 observed, at least ``REPLAY_GRACE_S`` (``_limit``): with a tiny ``--op-timeout`` any call
 may overrun it, and an earlier call caught this time would make Hypothesis's replay
 of the failing example end elsewhere (a "flaky" error instead of the finding).
+
+This module is longer than 450 lines because the one step and the boundary every target
+call crosses (op timeout, remembered hangs, captured output, a target's SystemExit or
+KeyboardInterrupt) share one Session's state; splitting them would put that state in two
+places.
 """
 from __future__ import annotations
 
@@ -62,9 +67,9 @@ from kvspec.spec.ops import Admit, Op
 from kvspec.spec.shadow import HashMap, ShadowKV
 from kvspec.targets.base import Target, TargetError
 from kvspec.spec.violation import Violation
-from kvspec.check import watchdog
-from kvspec.check.target_output import Tail, streams
-from kvspec.check.watchdog import OpTimeout
+from kvspec.targets import watchdog
+from kvspec.targets.target_output import Tail, streams
+from kvspec.targets.watchdog import OpTimeout
 
 
 INCREMENTAL_MIN_BLOCKS = 64

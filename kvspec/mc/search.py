@@ -118,6 +118,9 @@ state's expansion cannot run past them, and a single call that does is interrupt
 refused before anything is built. Past a quarter of the memory cap the search keeps the states
 it finds packed (``PACK_AT``, ``kvspec.mc.pack``), which costs a little time and lets
 a large search go further before the cap.
+
+This module is longer than 450 lines because the caps (time, memory, signals) are checked
+inside the one BFS loop they bound, and the partial result on every stop is built there.
 """
 from __future__ import annotations
 

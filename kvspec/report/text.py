@@ -27,6 +27,10 @@ def check_text(report) -> str:
         lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
         lines.append(f"  repro: {f.repro or 'not written (see the warning above)'}")
         lines += hints.finding_lines(f)
+        said = getattr(v, "target_output", "")
+        if said:  # what the target printed while the finding's session ran (kept out of kvspec's own output)
+            lines.append("  the target printed (last 4 KB):")
+            lines += [f"    {line}" for line in said.splitlines()]
     for f in report.robustness:
         v = f.violations[0]
         lines.append(f"robustness: {v.invariant}: {v.message} ({len(f.steps)} steps; repro: {f.repro})")

@@ -19,6 +19,10 @@ The nano-vllm table is the nano driver's own ``NANO_CALLS``
 (``kvspec.targets.names``); the v1-style tables below are the calls of
 ``kvspec.targets.impl_target`` / ``impl_cache`` / ``v1_driver`` (kvspec's impl API) and
 of ``vllm_compat`` (vLLM's own API).
+
+This module is longer than 450 lines because it holds the contract tables of all three
+APIs (and both vLLM-style driving styles) beside the one checker and renderer that read
+them: one source of truth for the load-time check and ``kvspec api``.
 """
 from __future__ import annotations
 

@@ -368,7 +368,7 @@ def _import_statements(top: str, statements: set[tuple[str, tuple[str, ...]]]) -
 
 def bounded(seconds: Optional[float], what: str, fn: Callable[[], Any], why: str = "--op-timeout") -> Any:
     """``fn()``, or a TargetError if it has not returned within ``seconds``."""
-    from kvspec.check.watchdog import OpTimeout, guarded
+    from kvspec.targets.watchdog import OpTimeout, guarded
     try:
         return guarded(seconds, fn)
     except OpTimeout as t:
@@ -394,5 +394,5 @@ def import_limit(top: str, where: Optional[Path] = None) -> tuple[Optional[float
 
 
 def op_timeout() -> Optional[float]:
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
     return watchdog.default()

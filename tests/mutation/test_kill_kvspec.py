@@ -272,7 +272,7 @@ def test_a_pool_of_more_than_256_blocks_passes_a_clean_run(incremental):
 def test_a_target_that_cannot_be_built_in_time_is_a_target_error(monkeypatch):
     import time
 
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
     from kvspec.errors import TargetError
 
     t = ImplTarget()
@@ -377,7 +377,7 @@ def test_a_table_handed_out_in_another_order_is_eviction_order(monkeypatch):
 def test_an_observation_that_hangs_after_a_step_is_no_hang(monkeypatch):
     import time
 
-    from kvspec.check import watchdog
+    from kvspec.targets import watchdog
 
     monkeypatch.setattr(watchdog, "_default", 0.3)
     s = Session(ImplTarget(), POOL, incremental=False)

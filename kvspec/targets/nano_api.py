@@ -1,0 +1,202 @@
+"""The nano-vllm API as kvspec drives it: the generations of ``can_allocate``/``allocate``
+(boolean, counted, chunked), the exact calls the driver makes in each (``NANO_CALLS``,
+which ``kvspec.targets.contract`` checks at load and ``kvspec api`` prints), how a
+generation is detected from a class's signatures, and how a manager is built (its own
+block size where it insists on one, requests scaled to it). See ``nanovllm_target``
+for the whole adapter."""
+from __future__ import annotations
+
+import bisect
+import inspect
+import sys
+from typing import Any, Callable, NamedTuple, Optional
+
+from kvspec.targets.base import TargetError
+from kvspec.targets.names import Names
+
+BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
+BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
+NANO_METHODS = ("can_allocate", "allocate", "deallocate", "can_append", "may_append")
+CACHING_SWITCHES = ("enable_prefix_caching", "enable_caching", "prefix_caching")
+
+
+class NanoCall(NamedTuple):
+    """One call the nano driver makes: ``method(*args)``, what it must return, and whether a
+    manager of that generation must have it (else an alternative in the same row's note)."""
+    method: str
+    args: tuple[str, ...]
+    returns: str
+    required: bool = True
+    note: str = ""
+
+
+# The exact call forms the driver makes, per generation (kvspec.targets.contract checks the
+# signatures against them at load; ``kvspec api nanovllm`` prints them). ``seq`` is a
+# Sequence; the other arguments are ints, always passed positionally.
+_COMMON = (
+    NanoCall("deallocate", ("seq",), "None"),
+    NanoCall("can_append", ("seq",), "bool: a decode token fits (called after seq.append_token)"),
+    NanoCall("may_append", ("seq",), "None: a block for the new token if it opens one"),
+)
+NANO_CALLS: dict[str, tuple[NanoCall, ...]] = {
+    BOOLEAN: (
+        NanoCall("can_allocate", ("seq",), "bool: the prompt fits"),
+        NanoCall("allocate", ("seq",), "None; sets seq.block_table and seq.num_cached_tokens (the hit)"),
+    ) + _COMMON,
+    COUNTED: (
+        NanoCall("can_allocate", ("seq",), "int: cached blocks, or -1 when the prompt does not fit"),
+        NanoCall("allocate", ("seq", "num_cached_blocks"), "None; sets seq.block_table, seq.num_cached_tokens"),
+        NanoCall("hash_blocks", ("seq",), "None; hashes the blocks the step filled (seq.num_scheduled_tokens)",
+                 note="or hash_blocks(seq, num_tokens); spelled hash_block also"),
+    ) + _COMMON,
+    CHUNKED: (
+        NanoCall("can_allocate", ("seq", "num_tokens"), "bool, or int cached blocks; False or -1: refused"),
+        NanoCall("allocate", ("seq", "num_tokens"), "None; table holds seq.num_cached_tokens + num_tokens",
+                 note="or allocate(seq, num_cached_blocks, num_tokens)"),
+        NanoCall("hash_blocks", ("seq",), "None", required=False, note="called after each forward if present"),
+        NanoCall("deallocate", ("seq",), "None"),
+        NanoCall("can_append", ("seq",), "bool", required=False,
+                 note="without can_append/may_append decode is can_allocate(seq, 1) / allocate(seq, 1)"),
+        NanoCall("may_append", ("seq",), "None", required=False),
+    ),
+}
+
+NANO_GENERATIONS: dict[str, str] = {
+    BOOLEAN: "can_allocate(seq) -> bool and allocate(seq) (nano-vllm 2025, nano-vllm-fork)",
+    COUNTED: "can_allocate(seq) -> cached blocks or -1, allocate(seq, num_cached_blocks), hash_blocks after "
+             "each forward (later nano-vllm)",
+    CHUNKED: "can_allocate(seq, num_tokens) and allocate(seq, num_tokens): prefill in chunks of one block of "
+             "tokens (chunked-prefill forks)",
+}
+
+
+# -- API detection ---------------------------------------------------------------------
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _params(fn) -> Optional[list[inspect.Parameter]]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    return params[1:] if params and params[0].name in ("self", "cls") else params
+
+
+def _positional(fn) -> int:
+    """Positional parameters of a method, ``self`` excluded."""
+    params = _params(fn)
+    return 1 if params is None else sum(p.kind in _POSITIONAL for p in params)
+
+
+def _required(fn) -> int:
+    """Positional parameters without a default, ``self`` excluded (``allocate(seq, plan=None)``
+    takes one)."""
+    params = _params(fn)
+    return 1 if params is None else sum(p.kind in _POSITIONAL and p.default is p.empty for p in params)
+
+
+def _method(cls: type, names: Optional[Names], name: str) -> Any:
+    attr = (names or Names()).resolve(cls, name)
+    fn = getattr(cls, attr, None) if attr else None
+    return fn if callable(fn) else None
+
+
+def missing_nano_methods(cls: type, names: Optional[Names] = None) -> list[str]:
+    """The nano-vllm methods ``cls`` lacks (by kvspec's names, through ``names``); a chunked
+    manager may do without can_append/may_append."""
+    missing = [m for m in NANO_METHODS if _method(cls, names, m) is None]
+    ca = _method(cls, names, "can_allocate")
+    if ca is not None and _required(ca) >= 2:
+        missing = [m for m in missing if m not in ("can_append", "may_append")]
+    return missing
+
+
+def detect_nano_api(cls: type, names: Optional[Names] = None) -> str:
+    """BOOLEAN, COUNTED or CHUNKED (see the module doc); raises TargetError for none."""
+    missing = missing_nano_methods(cls, names)
+    if missing:
+        raise TargetError(f"{cls.__name__} lacks the nano-vllm BlockManager methods {', '.join(missing)}")
+    nc, n = _required(_method(cls, names, "can_allocate")), _required(_method(cls, names, "allocate"))
+    if nc >= 2 and n in (2, 3):
+        return CHUNKED
+    if nc == 1 and n == 2 and _method(cls, names, "hash_blocks") is not None:
+        return COUNTED
+    if nc == 1 and n == 1:
+        return BOOLEAN
+    raise TargetError(f"{cls.__name__}: can_allocate takes {nc} and allocate takes {n} required arguments: expected "
+                      f"can_allocate(seq) with allocate(seq), or with allocate(seq, num_cached_blocks) and "
+                      f"hash_blocks(seq), or the chunked can_allocate(seq, num_tokens) with allocate(seq, num_tokens)")
+
+
+# -- building a manager ------------------------------------------------------------------
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def caching_switch(cls: type) -> Optional[str]:
+    """The constructor's prefix-caching switch parameter, if it has one."""
+    params = _params(cls.__init__) if isinstance(cls, type) else _params(cls)
+    return next((p.name for p in params or () if p.name in CACHING_SWITCHES), None)
+
+
+def own_block_size(cls: type, seq_cls: Optional[type] = None) -> Optional[int]:
+    """The block size the class insists on, where it states one (see the module doc)."""
+    for p in _params(cls.__init__) or ():
+        if p.name in ("block_size", "kvcache_block_size") and isinstance(p.default, int) and p.default > 0:
+            return p.default
+    from kvspec.targets.nano_sequence import Sequence as OwnSequence
+    bs = getattr(seq_cls, "block_size", None) if seq_cls is not None and seq_cls is not OwnSequence else None
+    if isinstance(bs, int) and not isinstance(bs, bool) and bs > 0:
+        return bs
+    cfg = getattr(sys.modules.get(cls.__module__), "Config", None)
+    for attr in ("kvcache_block_size", "block_size"):
+        v = getattr(cfg, attr, None) if isinstance(cfg, type) else None
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
+
+
+def build_manager(cls: type, make: Optional[Callable[..., Any]], num_blocks: int, block_size: int,
+                  caching: bool, seq_cls: Optional[type] = None) -> Any:
+    """``(make or cls)(num_blocks, block_size[, enable_prefix_caching=caching])``; where the
+    constructor refuses ``block_size`` (AssertionError, ValueError), with the class's own."""
+    build = make or cls
+    switch = caching_switch(build if make is not None else cls)
+    kw = {switch: caching} if switch else {}
+    try:
+        return build(num_blocks, block_size, **kw)
+    except (AssertionError, ValueError):
+        own = own_block_size(cls, seq_cls)
+        if own is None or own == block_size:
+            raise
+        return build(num_blocks, own, **kw)
+
+
+class Scale:
+    """Lengths between the run's block size B and the manager's R >= B: position p of a
+    block of B stands for ``copies[p]`` tokens (together R), so blocks map to blocks."""
+
+    def __init__(self, run_bs: int, real_bs: int) -> None:
+        base, extra = divmod(real_bs, run_bs)
+        self.B, self.R = run_bs, real_bs
+        self.copies = [base + (p < extra) for p in range(run_bs)]
+        self.starts = [sum(self.copies[:p]) for p in range(run_bs + 1)]
+        self.identity = run_bs == real_bs
+
+    def expand(self, tokens, start: int = 0) -> list:
+        """The manager's tokens for the run's ``tokens`` placed from run position ``start``."""
+        if self.identity:
+            return list(tokens)
+        return [t for i, t in enumerate(tokens, start) for _ in range(self.copies[i % self.B])]
+
+    def to_real(self, n: int) -> int:
+        q, r = divmod(n, self.B)
+        return q * self.R + self.starts[r]
+
+    def to_run(self, n: int) -> int:
+        if self.identity:
+            return n
+        q, r = divmod(n, self.R)
+        return q * self.B + bisect.bisect_right(self.starts, r) - 1
+
+
