@@ -93,15 +93,16 @@ class Budget:
     being explored, for the reason a stop gives."""
 
     def __init__(self, time_cap: float, mem_cap_gib: float, num_blocks: int = 0,
-                 clock: Callable[[], float] = time.monotonic, rss: Callable[[], int] = rss_bytes) -> None:
-        self.clock, self.rss = clock, rss
+                 clock: Callable[[], float] = time.monotonic, rss: Optional[Callable[[], int]] = None) -> None:
+        # rss_bytes looked up at each read (not bound at definition), so a test can replace it
+        self.clock, self.rss = clock, (rss if rss is not None else lambda: rss_bytes())
         self.time_cap, self.mem_cap_gib = time_cap, mem_cap_gib
         self.start = clock()
         self.deadline = self.start + time_cap
         # The cap is on what the search itself adds: a process that loaded torch and vLLM, or a
         # long-lived test worker, must get the same verdict as a fresh one.
         self.mem_cap = int(mem_cap_gib * 2**30)
-        self.rss_at_start = rss()
+        self.rss_at_start = self.rss()
         self.peak = self.rss_at_start
         self.headroom = state_bytes(num_blocks)   # room one more state needs
         self.depth = 0

@@ -273,7 +273,7 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
         raise TargetError(f"target {target.name} does not support the {config.level} level")
     if budget is None:
         refuse_if_too_large(config.num_blocks, mem_cap_gib)
-        budget = Budget(time_cap, mem_cap_gib, config.num_blocks, rss=lambda: rss_bytes())  # late-bound: tests patch it
+        budget = Budget(time_cap, mem_cap_gib, config.num_blocks)
     res = MCResult("pass", config, bounds, depth, check_once=check_once)
     prog = _Progress(progress)
     run = _Search(target, config, depth, bounds, res, budget, prog, invariant, fork, key_memo, max_states,

@@ -476,10 +476,10 @@ def test_an_observation_with_more_blocks_than_the_pool_keeps_them_in_the_key():
 def test_the_memory_cap_stops_a_search_that_grew_past_it(monkeypatch):
     # The process seems to grow by 3 GiB once the search starts: a 2 GiB cap must stop it
     # (at the first memory look, 64 expanded states in) as incomplete, with its rates reported.
-    from kvspec.mc import search
+    from kvspec.mc import budget, search
 
     calls = []
-    monkeypatch.setattr(search, "rss_bytes", lambda: 0 if calls.append(1) or len(calls) == 1 else 3 * 2**30)
+    monkeypatch.setattr(budget, "rss_bytes", lambda: 0 if calls.append(1) or len(calls) == 1 else 3 * 2**30)
     res = search.model_check(ImplTarget(), POOL, 4, mem_cap_gib=2.0)
     assert res.verdict == "incomplete" and res.reason.startswith("memory cap of 2 GiB"), (res.verdict, res.reason)
     d = res.to_dict()
