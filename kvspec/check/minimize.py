@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Admit, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step, Verify
@@ -74,10 +74,19 @@ def ddmin(target: Target, config: Config, steps: Sequence[Op], invariant: str, a
     """Zeller's ddmin: a 1-minimal sub-list that still fails with ``invariant`` (unless
     ``budget_s`` seconds or ``max_tests`` candidate replays run out first)."""
     deadline = time.monotonic() + budget_s
-    cur = list(steps)
-    n = 2
-    tests = 0
-    while len(cur) >= 2 and time.monotonic() < deadline and (max_tests is None or tests < max_tests):
+    return reduce_list(list(steps), lambda cand: bool(cand) and fails_with(target, config, cand, invariant,
+                                                                           allow_misuse),
+                       max_tests=max_tests, deadline=deadline)
+
+
+def reduce_list(cur: list, keeps: Callable[[list], bool], max_tests: Optional[int] = None,
+                deadline: Optional[float] = None) -> list:
+    """ddmin's loop: drop one of n parts while ``keeps(candidate)`` holds, halving the
+    parts when none can go, until 1-minimal or ``max_tests`` / ``deadline`` run out.
+    Shared by ``ddmin`` and ``minimize_hang`` (which only asks another question)."""
+    n, tests = 2, 0
+    while len(cur) >= 2 and (deadline is None or time.monotonic() < deadline) \
+            and (max_tests is None or tests < max_tests):
         chunk = max(len(cur) // n, 1)
         parts = [cur[i:i + chunk] for i in range(0, len(cur), chunk)]
         reduced = False
@@ -85,7 +94,7 @@ def ddmin(target: Target, config: Config, steps: Sequence[Op], invariant: str, a
             # Try each complement (drop one part); the failing step must stay last.
             cand = [op for j, p in enumerate(parts) if j != i for op in p]
             tests += 1
-            if cand and fails_with(target, config, cand, invariant, allow_misuse):
+            if keeps(cand):
                 cur, n, reduced = cand, max(n - 1, 2), True
                 break
         if not reduced:
@@ -236,23 +245,11 @@ def minimize_hang(target: Target, config: Config, steps: Sequence[Op], allow_mis
     for op in prefix:
         s.apply(op)
     want = _misuse_kind(s.misuse_reason(last))
-    cur, n, tests = prefix, 2, 0
+    cur = prefix
     if _leads_to(target, config, [], last, allow_misuse, want):  # the hanging call alone
         cur = []
-    while len(cur) >= 2 and tests < max_tests:  # ddmin over the prefix
-        chunk = max(len(cur) // n, 1)
-        parts = [cur[i:i + chunk] for i in range(0, len(cur), chunk)]
-        reduced = False
-        for i in range(len(parts)):
-            cand = [op for j, p in enumerate(parts) if j != i for op in p]
-            tests += 1
-            if _leads_to(target, config, cand, last, allow_misuse, want):
-                cur, n, reduced = cand, max(n - 1, 2), True
-                break
-        if not reduced:
-            if n >= len(cur):
-                break
-            n = min(n * 2, len(cur))
+    cur = reduce_list(cur, lambda cand: _leads_to(target, config, cand, last, allow_misuse, want),
+                      max_tests=max_tests)  # ddmin over the prefix
     cand = cur + [last]
     renamed = rename(cand)
     if renamed != cand and _leads_to(target, config, renamed[:-1], renamed[-1], allow_misuse, want):
