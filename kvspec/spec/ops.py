@@ -1,8 +1,10 @@
 """The one vocabulary of operations, shared by the stateful machines, the model
 checker, the repro files, the corpus and the reports.
 
-Two levels (see DESIGN.md). Pool level works on block ids and opaque hash labels;
-cache level works on requests and token lists. Each op is a frozen dataclass whose
+Three levels (see DESIGN.md). Pool level works on block ids and opaque hash labels;
+cache level works on requests and token lists; engine level says only what the outside
+world does (a request arrives, the engine steps, a client aborts) and lets the engine's
+own scheduler decide the rest. Each op is a frozen dataclass whose
 ``repr`` is valid Python, so a step list can be pasted into a test file as is.
 Whether an op is a *misuse* is not a property of the op: the reference model
 decides it from the current state (freeing block 3 is fine while it is held).
@@ -143,8 +145,39 @@ class Finish(Op):
     level: ClassVar[str] = "cache"
 
 
+# -- engine level ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Arrive(Op):
+    """A request arrives at the engine with its prompt and ``max_tokens`` (it finishes by
+    length). ``extra``: extra keys as for ``Admit`` (``'lora:NAME@PATH'``, ``'salt:s'``)."""
+    req: str
+    prompt: tuple[int, ...]
+    max_tokens: int = 4
+    extra: Optional[str] = None
+    level: ClassVar[str] = "engine"
+
+
+@dataclass(frozen=True)
+class EngineStep(Op):
+    """One engine step: the scheduler schedules, the "model" runs, every request at its end
+    of prompt samples ``token``; with speculative decoding ``drafts`` draft tokens are
+    proposed for the next step and ``accepted`` of this step's drafts are kept."""
+    token: int = 1
+    drafts: int = 0
+    accepted: int = 0
+    level: ClassVar[str] = "engine"
+
+
+@dataclass(frozen=True)
+class Abort(Op):
+    """A client aborts a request (waiting or running; a no-op once it has finished)."""
+    req: str
+    level: ClassVar[str] = "engine"
+
+
 POOL_OPS = (Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset)
 CACHE_OPS = (Admit, Step, Preempt, Finish, Prefill, Verify)
+ENGINE_OPS = (Arrive, EngineStep, Abort)
 
 
 def _short_repr(self: Op) -> str:
@@ -158,9 +191,9 @@ def _short_repr(self: Op) -> str:
     return f"{type(self).__name__}({', '.join(parts)})"
 
 
-for _cls in POOL_OPS + CACHE_OPS:
+for _cls in POOL_OPS + CACHE_OPS + ENGINE_OPS:
     _cls.__repr__ = _short_repr  # type: ignore[method-assign]
-_BY_NAME = {cls.__name__: cls for cls in POOL_OPS + CACHE_OPS}
+_BY_NAME = {cls.__name__: cls for cls in POOL_OPS + CACHE_OPS + ENGINE_OPS}
 
 
 def op_from_dict(d: dict[str, Any]) -> Op:

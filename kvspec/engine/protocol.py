@@ -1,0 +1,56 @@
+"""What one engine step did (``StepFacts``) and what an engine adapter offers (``EngineDriver``).
+
+The shape is shared by every engine adapter (vLLM's Scheduler, nano-vllm's Scheduler) and
+the engine-level checks; it is recorded in coord/INTERFACES.md. Facts are what the engine
+*decided*; the checks compare them with what the KV manager then holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol, runtime_checkable
+
+from kvspec.spec.observation import Observation
+
+# sample(req, position) -> the token the "model" samples at that position; deterministic.
+Sampler = Callable[[str, int], int]
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """One engine step, as the engine decided it."""
+    scheduled: dict[str, int]                      # req -> tokens scheduled this step (prefill chunk, or 1 + drafts)
+    preempted: tuple[str, ...] = ()                # preempted during this step's schedule()
+    finished: tuple[str, ...] = ()                 # finished during this step's update (stop, length)
+    # req -> slot ids (block_id * block_size + offset) of its scheduled tokens, when the engine says
+    slots: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # req -> computed tokens before this step's schedule() (where the scheduled tokens start)
+    start: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class EngineDriver(Protocol):
+    """An engine whose own scheduler drives its own KV manager, seen from outside."""
+    block_size: int
+    num_blocks: int
+
+    def arrive(self, req: str, prompt: tuple[int, ...], max_tokens: int, extra: Optional[str]) -> None:
+        """A request arrives (``extra``: ';'-joined keys such as 'lora:NAME@PATH', 'salt:s', 'mm:X@2')."""
+
+    def step(self, sample: Sampler, drafts: int, accepted: int) -> StepFacts:
+        """schedule(), then the output update: each scheduled request that reached its end of prompt
+        samples ``sample(req, pos)``; with spec decode ``drafts`` proposed, ``accepted`` kept."""
+
+    def abort(self, req: str) -> None:
+        """A client aborts the request (a no-op if it already finished)."""
+
+    def observe(self) -> Observation:
+        """The KV manager's state, normalized exactly as the cache level observes it."""
+
+    def tables(self) -> dict[str, tuple[int, ...]]:
+        """Live (not finished / aborted) request -> its block ids (group 0)."""
+
+    def computed(self) -> dict[str, int]:
+        """Live request -> its number of computed tokens."""
+
+    def tokens(self) -> dict[str, tuple[int, ...]]:
+        """Live request -> all its tokens (prompt + output)."""
