@@ -1,0 +1,301 @@
+"""The engine level on nano-vllm-style packages (kvspec/engine/nano_engine.py): each
+package's own Scheduler drives its own BlockManager.
+
+The checks here are a small, self-contained reading of issue 21's engine invariants
+(``EngineChecks``: every scheduled token has a slot, a prefill computes at least one token,
+preempted and finished requests hold nothing, block refs match the tables, the index
+names blocks with that hash, and KV_INTEGRITY through the scheduled slot mapping), run
+after every engine step of seeded random programs (arrivals with shared prefixes,
+steps, aborts), bounded by example count. They test the driver; the engine-level machine
+(kvspec/engine, vllm-engine's) runs the whole catalogue.
+
+- tests/data/nano_engine/nanotiny: a tiny package written for kvspec (scheduler + block
+  manager), loaded as a FILE target; its scheduler bugs are diffs beside it.
+- nano-vllm-fork, -voxcpm, -npu (installed upstream packages): each one's known bug
+  (reports/upstream-findings.md, reports/nanovllm.md) searched for through its own
+  scheduler, and each fix diff checked to pass the same search.
+"""
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from kvspec.engine.nano_engine import (EngineParts, NanoEngineDriver, config_reads, load_file_engine,
+                                       load_package_engine)
+from kvspec.engine.protocol import EngineDriver, StepFacts
+from kvspec.errors import TargetError
+
+DATA = Path(__file__).parent / "data" / "nano_engine"
+TINY = DATA / "nanotiny" / "engine" / "block_manager.py"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# -- the checks ------------------------------------------------------------------------------
+class EngineChecks:
+    """Issue 21's engine-level checks on an EngineDriver, after every step (see the module doc)."""
+
+    def __init__(self, drv: Any, whole_prompt_hits: bool = False, ignore: tuple[str, ...] = ()) -> None:
+        self.drv, self.whole, self.ignore = drv, whole_prompt_hits, ignore
+        self.known: dict[str, tuple[int, ...]] = {}   # req -> its tokens as of before the step
+        self.shadow: dict[int, tuple[int, ...]] = {}  # slot -> the token prefix whose KV it holds
+
+    def arrived(self, req: str, prompt: tuple[int, ...]) -> None:
+        self.known[req] = tuple(prompt)
+
+    def after_step(self, f: StepFacts) -> list[str]:
+        d, bs, out = self.drv, self.drv.block_size, []
+        for r, n in f.scheduled.items():
+            slots = f.slots.get(r, ())
+            if n == 0 and not self.whole:
+                out.append(f"MAX_HIT: {r} is in the batch with no token to compute (its whole prompt was a hit)")
+            if len(slots) != n:
+                out.append(f"SLOTS: {r} has {n} scheduled tokens but {len(slots)} slots")
+            s = f.start.get(r, 0)
+            for p, slot in zip(range(s, s + n), slots):
+                self.shadow[slot] = self.known[r][:p + 1]
+        tables, computed, tokens = d.tables(), d.computed(), d.tokens()
+        for r in f.preempted:
+            if tables.get(r):
+                out.append(f"HOLDS: {r} was preempted but holds blocks {list(tables[r])}")
+        for r in f.finished:
+            if r in tables:
+                out.append(f"HOLDS: {r} finished but is still live")
+        obs = d.observe()
+        holders = Counter(b for t in tables.values() for b in t)
+        for b, st in enumerate(obs.blocks):
+            if st.ref != holders.get(b, 0):
+                out.append(f"ACCOUNTING: block {b} has ref {st.ref} but {holders.get(b, 0)} tables hold it")
+                break
+            if st.queued != (st.ref == 0):
+                out.append(f"I1: block {b} ref {st.ref}, queued={st.queued}")
+                break
+        for h, ids in obs.index.items():
+            bad = [b for b in ids if obs.blocks[b].hash != h]
+            if bad:
+                out.append(f"INDEX_CONSISTENT: the index maps {obs.short_hash(h)} to block {bad[0]}, whose hash "
+                           f"is {obs.short_hash(obs.blocks[bad[0]].hash)}")
+                break
+        out += [f"I1: {p}" for p in obs.queue_problems]
+        for r, table in tables.items():
+            for p in range(computed.get(r, 0)):
+                if p // bs >= len(table):
+                    out.append(f"KV_INTEGRITY: {r}'s computed token {p} has no block")
+                    break
+                slot = table[p // bs] * bs + p % bs
+                if self.shadow.get(slot) != tokens[r][:p + 1]:
+                    out.append(f"KV_INTEGRITY: {r} reads position {p} from slot {slot}, which holds the KV of "
+                               f"{self.shadow.get(slot)}, not of {tokens[r][:p + 1]}")
+                    break
+        self.known = {**{r: t for r, t in self.known.items() if r not in f.finished}, **tokens}
+        return [v for v in out if v.split(":", 1)[0] not in self.ignore]
+
+
+# -- seeded random programs ---------------------------------------------------------------------
+def program(rng: random.Random, bs: int, max_len: int, aborts: bool = True, n_ops: int = 14) -> list[tuple]:
+    """Arrivals (prompts over a two-token alphabet, so prefixes are shared), steps, and
+    aborts where the package's scheduler has an abort (nano-vllm's engines have none)."""
+    ops, n = [], 0
+    for _ in range(n_ops):
+        x = rng.random()
+        if x < 0.35 and n < 4:
+            prompt = tuple(rng.choice((1, 2)) for _ in range(rng.randint(1, 3 * bs)))
+            ops.append(("arrive", f"r{n}", prompt, rng.randint(1, min(3, max_len - len(prompt)))))
+            n += 1
+        elif x < 0.92 or n == 0 or not aborts:
+            ops.append(("step", rng.choice((1, 2))))
+        else:
+            ops.append(("abort", f"r{rng.randrange(n)}"))
+    return ops
+
+
+def run_program(parts: EngineParts, ops: list[tuple], num_blocks: int, bs: int,
+                **check: Any) -> tuple[Optional[str], int]:
+    """(the first violation, engine steps run): the ops, then steps until the engine is idle."""
+    drv = NanoEngineDriver(parts, num_blocks, bs)
+    checks, steps = EngineChecks(drv, **check), 0
+    tail = [("step", 3)] * 40
+    for op in ops + tail:
+        if op[0] == "arrive":
+            drv.arrive(op[1], op[2], op[3])
+            checks.arrived(op[1], op[2])
+            continue
+        if op[0] == "abort":
+            drv.abort(op[1])
+            continue
+        if op in tail and drv.sched.is_finished():
+            break
+        try:
+            facts = drv.step(lambda req, pos, t=op[1]: t)
+        except Exception as e:  # the package's scheduler or manager raised on a valid event
+            return f"NO_CRASH: {type(e).__name__}: {e}", steps
+        steps += 1
+        found = checks.after_step(facts)
+        if found:
+            return found[0], steps
+    return None, steps
+
+
+def search(parts: EngineParts, examples: int, seed: int = 0, num_blocks: int = 5, bs: int = 2,
+           **check: Any) -> tuple[Optional[str], Optional[list], int, int]:
+    """(violation, its program, examples run, steps run) over ``examples`` seeded programs."""
+    rng, total = random.Random(seed), 0
+    aborts = any(callable(getattr(parts.scheduler_cls, m, None)) for m in ("abort", "cancel", "abort_request"))
+    for i in range(examples):
+        ops = program(rng, bs, num_blocks * bs, aborts)
+        v, steps = run_program(parts, ops, num_blocks, bs, **check)
+        total += steps
+        if v is not None:
+            return v, ops, i + 1, total
+    return None, None, examples, total
+
+
+# -- the tiny package (always runs) ---------------------------------------------------------------
+def test_driver_follows_the_protocol():
+    drv = NanoEngineDriver(load_file_engine(TINY), 5, 2)
+    assert isinstance(drv, EngineDriver)
+
+
+def test_file_target_loads_without_the_package_init_and_reads_only_what_its_scheduler_reads():
+    parts = load_file_engine(TINY)
+    assert parts.scheduler_cls.__module__ == "nanotiny.engine.scheduler"
+    assert "nanotiny" not in sys.modules or not hasattr(sys.modules["nanotiny"], "LLM")
+    assert config_reads(parts.scheduler_cls) == ["max_num_seqs", "max_num_batched_tokens", "eos",
+                                                 "num_kvcache_blocks", "kvcache_block_size"]
+    drv = NanoEngineDriver(parts, 5, 2)
+    # max_num_seqs is the package's own Config default; the pool is the run's.
+    assert vars(drv.config) == {"max_num_seqs": 3, "max_num_batched_tokens": 10, "eos": -1,
+                                "num_kvcache_blocks": 5, "kvcache_block_size": 2}
+
+
+def test_a_block_manager_without_a_scheduler_beside_it_is_one_line(tmp_path):
+    f = tmp_path / "pkg" / "block_manager.py"
+    f.parent.mkdir()
+    f.write_text("class BlockManager: pass\n")
+    with pytest.raises(TargetError, match="no scheduler.py beside it"):
+        load_file_engine(f)
+
+
+def test_facts_of_a_prefill_a_decode_and_a_finish():
+    drv = NanoEngineDriver(load_file_engine(TINY), 5, 2)
+    drv.arrive("a", (1, 2, 1), 2)
+    f = drv.step(lambda r, p: 7)
+    assert f.scheduled == {"a": 3} and f.start == {"a": 0} and len(f.slots["a"]) == 3
+    assert drv.computed() == {"a": 3} and drv.tokens() == {"a": (1, 2, 1, 7)}
+    f = drv.step(lambda r, p: 7)
+    assert f.scheduled == {"a": 1} and f.start == {"a": 3} and f.finished == ("a",)
+    assert drv.tables() == {} and drv.observe().free_count == 5
+
+
+def test_tiny_scheduler_passes():
+    v, ops, n, steps = search(load_file_engine(TINY), 60)
+    assert v is None, (v, ops)
+    assert steps > 300
+
+
+@pytest.mark.parametrize("diff,invariant", [("preempt_keeps_blocks.diff", "HOLDS"),
+                                            ("decode_without_may_append.diff", "SLOTS")])
+def test_tiny_scheduler_bug_is_found(diff, invariant):
+    parts = load_file_engine(TINY, (DATA / diff).read_text())
+    v, ops, n, _ = search(parts, 60)
+    assert v is not None and v.startswith(invariant), (v, ops)
+
+
+def test_abort_of_a_package_without_one_frees_like_its_finish():
+    drv = NanoEngineDriver(load_file_engine(TINY), 5, 2)
+    assert drv.native_abort is None
+    drv.arrive("a", (1, 2, 1), 3)
+    drv.arrive("b", (2,), 3)
+    drv.step(lambda r, p: 1)
+    drv.abort("a")
+    drv.abort("zzz")
+    assert set(drv.tables()) == {"b"} and drv.observe().free_count == 4
+
+
+# -- the installed nano-vllm derivatives -------------------------------------------------------------
+def _needs(package: str, dist: str):
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                              reason=f"{dist} is not installed: pip install --no-deps -r requirements/upstream.txt")
+
+
+FORK_FIX = ROOT / "kvspec" / "corpus" / "nanovllm" / "fix_full_prompt_hit.diff"
+VOXCPM_FIX = ROOT / "reports" / "upstream_fixes" / "nanovllm_voxcpm_stale_index.diff"
+NPU_FIX = ROOT / "reports" / "upstream_fixes" / "nanovllmnpu_stale_index_and_whole_prompt.diff"
+
+
+@pytest.mark.upstream
+@_needs("nanovllm", "nano-vllm-fork")
+def test_fork_known_bug_through_its_own_scheduler():
+    """nano-vllm-fork's whole-prompt hit (nano-vllm#144): its scheduler puts the request in
+    the prefill batch with nothing to compute."""
+    v, ops, n, _ = search(load_package_engine("nanovllm"), 100)
+    assert v is not None and v.startswith("MAX_HIT"), (v, ops)
+
+
+@pytest.mark.upstream
+@_needs("nanovllm", "nano-vllm-fork")
+def test_fork_scheduler_bug_behind_it():
+    """With the whole-prompt hit fixed, the fork's own scheduler crashes: its decode loop
+    preempts another sequence from a copy of ``running`` and leaves it in ``running`` as
+    well as ``waiting``, so the next step calls may_append on an empty block table."""
+    v, ops, n, _ = search(load_package_engine("nanovllm", FORK_FIX.read_text()), 100)
+    assert v is not None and v.startswith("NO_CRASH: IndexError"), (v, ops)
+
+
+@pytest.mark.upstream
+@_needs("nanovllm", "nano-vllm-fork")
+def test_fork_with_both_fixes_passes_engine_steps():
+    fixes = FORK_FIX.read_text() + (DATA / "fork_preempt_leaves_running.diff").read_text()
+    v, ops, n, steps = search(load_package_engine("nanovllm", fixes), 60)
+    assert v is None, (v, ops)
+    assert steps > 300
+
+
+@pytest.mark.upstream
+@_needs("nanovllm_voxcpm", "nano-vllm-voxcpm")
+def test_voxcpm_known_bug_through_its_own_scheduler():
+    """voxcpm's stale hash_to_block_id entry (nano-vllm#163) through its own scheduler: the
+    entry (INDEX_CONSISTENT), and a later prompt reading another prefix's KV through it
+    (KV_INTEGRITY, with the first check set aside). voxcpm runs a whole-prompt hit as a
+    decode step (declared), so that is no MAX_HIT."""
+    parts = load_package_engine("nanovllm_voxcpm")
+    v, ops, n, _ = search(parts, 100, whole_prompt_hits=True)
+    assert v is not None and v.startswith("INDEX_CONSISTENT"), (v, ops)
+    v, ops, n, _ = search(parts, 300, seed=1, whole_prompt_hits=True, ignore=("INDEX_CONSISTENT",))
+    assert v is not None and v.startswith("KV_INTEGRITY"), (v, ops)
+
+
+@pytest.mark.upstream
+@_needs("nanovllm_voxcpm", "nano-vllm-voxcpm")
+def test_voxcpm_with_its_fix_passes():
+    v, ops, n, steps = search(load_package_engine("nanovllm_voxcpm", VOXCPM_FIX.read_text()), 60,
+                              whole_prompt_hits=True)
+    assert v is None, (v, ops)
+    assert steps > 300
+
+
+@pytest.mark.upstream
+@_needs("nanovllmnpu", "nano-vllm-npu")
+def test_npu_known_bugs_through_its_own_scheduler():
+    """nano-vllm-npu: the whole-prompt hit (nano-vllm#144) and the stale entry (#163), each
+    with the other's checks set aside; the stale entry up to a wrong KV read."""
+    parts = load_package_engine("nanovllmnpu")
+    v, ops, n, _ = search(parts, 100, ignore=("INDEX_CONSISTENT", "KV_INTEGRITY"))
+    assert v is not None and v.startswith("MAX_HIT"), (v, ops)
+    v, ops, n, _ = search(parts, 100, ignore=("MAX_HIT",))
+    assert v is not None and v.startswith("INDEX_CONSISTENT"), (v, ops)
+    v, ops, n, _ = search(parts, 300, seed=1, ignore=("MAX_HIT", "INDEX_CONSISTENT"))
+    assert v is not None and v.startswith("KV_INTEGRITY"), (v, ops)
+
+
+@pytest.mark.upstream
+@_needs("nanovllmnpu", "nano-vllm-npu")
+def test_npu_with_its_fix_passes():
+    v, ops, n, steps = search(load_package_engine("nanovllmnpu", NPU_FIX.read_text()), 60)
+    assert v is None, (v, ops)
+    assert steps > 300
