@@ -93,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--patch", help="unified diff applied to temporary copies of the target's sources (default: none)")
     c.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"],
                    help="API of a user target (default: detected from its methods)")
-    c.add_argument("--level", choices=["pool", "cache", "all"], default="all",
-                   help="which machine: the block pool, the cache manager, or every level the target supports")
+    c.add_argument("--level", choices=["pool", "cache", "engine", "all"], default="all",
+                   help="which machine: the block pool, the cache manager, the engine's own scheduler driving it "
+                        "(vllm, nanovllm; not part of all), or every pool/cache level the target supports")
     c.add_argument("--misuse", action="store_true", help="mix misuse calls into the valid operations (default: off)")
     c.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4 or full,chunked:8 (cache level; default: full, or drawn per example for targets that support groups)")
     c.add_argument("--seed", type=_int, default=0, help=SEED_HELP)
@@ -184,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one API (default: all three)")
     ap.add_argument("--json", action="store_true", help=JSON_HELP)
 
+    cp = sub.add_parser("campaign", help="a matrix of check/mc/patches jobs as Ray tasks, resumable (needs ray)")
+    cp.add_argument("file", metavar="FILE.toml", help="the campaign file: [campaign] and [[matrix]] tables")
+    cp.add_argument("--address", default=None, metavar="RAY_ADDRESS",
+                    help="a Ray cluster's address, HEAD:6379 (default: start a local Ray instance)")
+    cp.add_argument("--results", default=None, metavar="DIR",
+                    help="results directory: one JSON per finished job, skipped on a rerun, and the report "
+                         "(default: the file's [campaign] results, else kvspec-campaign/NAME)")
+    cp.add_argument("--json", action="store_true", help=JSON_HELP)
+
     d = sub.add_parser("diff", help="CrossHair diffbehavior on the helpers of impl (kvspec.impl) a patch changes")
     d.add_argument("--patch", required=True, help="unified diff against kvspec/impl (required)")
     d.add_argument("--target", default="impl", help="only impl: the helpers compared are kvspec.impl's")
@@ -215,7 +225,11 @@ def _dispatch(a: argparse.Namespace) -> int:
     if a.command == "diff":
         from kvspec.check.crosshair import cmd_diff
         return cmd_diff(a)
-    raise UsageError("kvspec: choose a command: check, mc, patches, kernels, bench, diff, api (see kvspec --help)")
+    if a.command == "campaign":  # Ray is imported inside, only here: it takes seconds
+        from kvspec.campaign.command import cmd_campaign
+        return cmd_campaign(a)
+    raise UsageError("kvspec: choose a command: check, mc, patches, kernels, bench, diff, api, campaign "
+                     "(see kvspec --help)")
 
 
 def _error(message: str, argv: Sequence[str]) -> int:

@@ -1,0 +1,83 @@
+"""Hand the pending jobs to Ray and collect their records as they finish.
+
+Ray is imported here, lazily, and only by ``kvspec campaign``: importing it takes
+seconds, which no other command should pay. Each job is one Ray task of one CPU; a
+task whose node or worker process dies is run again by Ray itself (``max_retries``,
+system failures only: a job that ran and gave an error is an answer, not retried).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from typing import Callable, Optional, Sequence
+
+from kvspec.campaign.matrix import Job
+from kvspec.errors import UsageError
+
+INSTALL_HINT = "pip install 'ray==2.60.0' (or pip install -e '.[test]' in a checkout)"
+
+
+def require_ray() -> None:
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(f"kvspec campaign needs Ray, which is not installed: {INSTALL_HINT}")
+
+
+def _run_remote(job_d: dict, timeout: float) -> dict:
+    from kvspec.campaign.runner import run_job
+    return run_job(job_d, timeout)
+
+
+def _lost(job: Job, error: BaseException, retries: int) -> dict:
+    """The record of a job Ray gave up on (its node died more than ``retries`` times)."""
+    msg = " ".join(str(error).split())[:500]
+    return {"id": job.id, "label": job.label, "command": job.command, "argv": ["kvspec", *job.argv(), "--json"],
+            "env": job.env, "pythonpath": list(job.pythonpath), "exit_code": None, "verdict": "error",
+            "error": f"ray gave up on the task after {retries} retries: {type(error).__name__}: {msg}",
+            "seconds": 0.0, "node": None, "result": None, "repros": {}, "stderr_tail": ""}
+
+
+def connect(address: Optional[str]):
+    """ray.init on ``address`` (a local instance when None); returns (ray, started_here)."""
+    require_ray()
+    import ray
+
+    if ray.is_initialized():  # a caller (a test, a notebook) brought its own Ray: use it, leave it running
+        return ray, False
+    try:
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR, configure_logging=True)
+    except Exception as e:  # ConnectionError, ValueError, RuntimeError: which one varies with the release
+        where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+        raise UsageError(f"kvspec campaign: cannot start or reach {where}: {' '.join(str(e).split())[:300]}") from None
+    return ray, True
+
+
+def execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retries: int,
+            on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]] = None) -> None:
+    """Run ``jobs`` as Ray tasks; ``on_done(record, running, slots)`` for each as it finishes."""
+    ray, started_here = connect(address)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(_run_remote)
+        refs = {task.remote(j.to_dict(), timeout): j for j in jobs}
+        pending = list(refs)
+        slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        if on_start:
+            on_start(min(len(pending), slots), slots)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=10.0)
+            if not ready:
+                slots = max(1, int(ray.cluster_resources().get("CPU", slots)))  # nodes come and go
+                continue
+            for ref in ready:
+                job = refs[ref]
+                try:
+                    record = ray.get(ref)
+                except Exception as e:  # RayTaskError, WorkerCrashedError, NodeDiedError, ...
+                    record = _lost(job, e, retries)
+                on_done(record, min(len(pending), slots), slots)
+    finally:
+        if started_here:
+            t0 = time.monotonic()
+            ray.shutdown()
+            logging.getLogger(__name__).debug("ray.shutdown took %.1f s", time.monotonic() - t0)

@@ -1,0 +1,62 @@
+"""Merge a campaign's ``patches`` jobs into ``kvspec patches``' own report.
+
+A corpus run through a campaign is one job per patch (``only = "each"``), so that the
+patches spread over the nodes; this puts their trials back together per target and
+writes ``patches.json``, ``patches.md`` and ``patches_ttf.png`` with the corpus
+command's own summary and renderer: the report has the same form as
+``benchmarks/run_patches.sh`` gives.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Optional
+
+from kvspec.corpus.report import write_reports
+from kvspec.corpus.runner import load_corpus
+from kvspec.corpus.stats import summarize
+
+
+def merged(records: list[dict], campaign_cmd: str, workers: int, wall: float) -> list[dict]:
+    """One ``kvspec patches`` result per target (and options) of the campaign's patches jobs."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        res = r.get("result") or {}
+        if r.get("command") != "patches" or r.get("verdict") not in ("pass", "fail") or not res.get("trials"):
+            continue
+        key = (res.get("target"), res.get("seeds"), res.get("timeout"), (r.get("env") or {}).get("KVSPEC_CAMPAIGN_RELEASE"))
+        groups.setdefault(key, []).append(res)
+    out = []
+    for (target, seeds, timeout, _), results in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        _, bugs = load_corpus(target)
+        trials = sorted((t for res in results for t in res["trials"]), key=lambda t: (t["id"], t["seed"]))
+        ran = {t["id"] for t in trials}
+        diffs = {p["id"]: p["diff"] for res in results for p in res.get("patches") or [] if p.get("diff")}
+        subset = [b for b in bugs if b["id"] in ran]
+        res = summarize(target, subset, trials, diffs, {"seeds": seeds, "timeout": timeout, "jobs": workers}, wall)
+        only = "" if len(subset) == len(bugs) else " --only " + ",".join(b["id"] for b in subset)
+        res["command"] = f"{campaign_cmd}  (kvspec patches --target {target} --seeds {seeds} --timeout {timeout:g}" \
+                         f"{only}, one Ray task per patch)"
+        res["section"] = target + only
+        res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "ray_cpus": workers}
+        try:
+            res["machine"]["load_average"] = [round(x, 2) for x in os.getloadavg()]
+        except OSError:
+            pass
+        res["date"] = time.strftime("%Y-%m-%d")
+        out.append(res)
+    return out
+
+
+def write(records: list[dict], directory: str, campaign_cmd: str, workers: int, wall: float) -> list[str]:
+    paths: list[str] = []
+    for res in merged(records, campaign_cmd, workers, wall):
+        paths = write_reports(res, directory)
+    return paths
+
+
+def verdicts(records: list[dict]) -> Optional[dict[str, str]]:
+    """target -> the merged verdict, as ``kvspec patches`` gives it (None: no patches jobs)."""
+    got = {res["section"]: res["verdict"] for res in merged(records, "", 1, 0.0)}
+    return got or None

@@ -1,0 +1,118 @@
+"""Run one campaign job: ``python -m kvspec <command> ... --json`` in a subprocess.
+
+A subprocess, not a call in the Ray worker: a job patches modules, installs signal
+handlers and may shadow the installed vLLM through ``PYTHONPATH``; none of that may
+leak into the next job the same worker runs. It runs in a scratch directory (a
+checkout's ``kvspec/`` folder in the working directory would shadow the installed
+package), its repro files are read back into the result, so the driver can keep them
+whichever node ran the job.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from kvspec.campaign.matrix import CORPUS_PREFIX, Job
+
+STDERR_TAIL = 2000
+REPRO_BYTES = 200_000  # a job's repro files kept in its result, at most
+
+
+def _corpus_path(value: str) -> str:
+    root = Path(__file__).resolve().parent.parent / "corpus"
+    return str(root / value[len(CORPUS_PREFIX):])
+
+
+def command_line(job: Job, report_dir: Optional[str]) -> list[str]:
+    """The full command line, ``corpus:`` paths resolved on this node."""
+    argv = [_corpus_path(a) if a.startswith(CORPUS_PREFIX) else a for a in job.argv()]
+    argv.append("--json")
+    if job.command == "patches" and "--jobs" not in argv:
+        argv += ["--jobs", "1"]  # Ray places the jobs; one job is one core
+    if report_dir is not None and job.command in ("check", "mc", "patches"):
+        argv += ["--report-dir", report_dir]  # last: run_job cuts it from the command it reports
+    return [sys.executable, "-m", "kvspec", *argv]
+
+
+def _env(job: Job) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(job.env)
+    if job.pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*job.pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("KVSPEC_DEBUG", None)
+    return env
+
+
+def _json_line(out: str) -> Optional[dict]:
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            try:
+                got = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(got, dict):
+                return got
+    return None
+
+
+def _repros(d: Path) -> dict[str, str]:
+    out, size = {}, 0
+    for f in sorted(d.rglob("test_*.py")):
+        text = f.read_text(errors="replace")
+        size += len(text)
+        if size > REPRO_BYTES:
+            break
+        out[f.name] = text
+    return out
+
+
+def verdict_of(command: str, exit_code: int, result: Optional[dict]) -> str:
+    """pass, violation (check, mc), fail (patches: a bug the corpus run missed) or error."""
+    if result is None or exit_code not in (0, 1):
+        return "error"
+    v = result.get("verdict")
+    return v if v in (("pass", "fail") if command == "patches" else ("pass", "violation")) else "error"
+
+
+def run_job(job_d: dict, timeout: float = 3600.0) -> dict[str, Any]:
+    """Run the job ``job_d`` (``Job.to_dict()``) here and return its result record."""
+    job = Job.from_dict(job_d)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="kvspec-campaign-job-") as scratch:
+        reports = Path(scratch) / "reports"
+        cmd = command_line(job, str(reports))
+        try:
+            r = subprocess.run(cmd, env=_env(job), cwd=scratch, capture_output=True, text=True, timeout=timeout)
+            code, out, err = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as e:
+            code, out = 124, ""
+            err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
+                f"\nkvspec campaign: job killed after its {timeout:g} s job_timeout"
+        result = _json_line(out)
+        repros = _repros(reports) if reports.is_dir() else {}
+    verdict = verdict_of(job.command, code, result)
+    error = None
+    if verdict == "error":
+        error = (result or {}).get("error") or _last_line(err) or f"exit code {code}"
+    shown = cmd[3:-2] if "--report-dir" in cmd else cmd[3:]  # the scratch report dir is gone by now
+    return {"id": job.id, "label": job.label, "command": job.command, "argv": ["kvspec", *shown],
+            "env": job.env, "pythonpath": list(job.pythonpath), "exit_code": code, "verdict": verdict,
+            "error": error, "seconds": round(time.time() - t0, 3), "node": socket.gethostname(),
+            "pid": os.getpid(), "result": result, "repros": repros, "stderr_tail": err[-STDERR_TAIL:]}
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def run_serial(jobs: list[Job], timeout: float = 3600.0) -> list[dict]:
+    """Every job one after the other in this process's children: the one-process baseline."""
+    return [run_job(j.to_dict(), timeout) for j in jobs]

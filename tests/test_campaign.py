@@ -1,0 +1,187 @@
+"""``kvspec campaign``: the matrix, the one-line errors, and a tiny matrix on a local
+Ray (two CPUs) whose verdicts and findings equal a one-process run, then a rerun that
+skips the finished jobs. The two-node cluster with a node killed mid-run is in
+test_campaign_cluster.py (slow)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kvspec.campaign.findings import dedup
+from kvspec.campaign.matrix import load_campaign
+from kvspec.cli import main
+from kvspec.errors import UsageError
+
+TINY = """
+[campaign]
+name = "tiny"
+
+[[matrix]]
+command = "check"
+target = "impl"
+patch = ["corpus:impl/no_evict.diff", ""]
+level = "pool"
+seed = 0
+max_examples = 20
+
+[[matrix]]
+command = "mc"
+patch = "corpus:impl/no_evict.diff"
+blocks = 3
+depth = 4
+"""
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+# -- the matrix, no Ray ------------------------------------------------------------------
+def test_axes_multiply_and_ids_are_stable(tmp_path, monkeypatch):
+    f = write(tmp_path, """
+[[matrix]]
+command = "check"
+target = "impl"
+level = ["pool", "cache"]
+seed = [0, 1, 2]
+max_examples = 5
+misuse = [false, true]
+""")
+    jobs = load_campaign(f).jobs
+    assert len(jobs) == 2 * 3 * 2 and len({j.id for j in jobs}) == 12
+    monkeypatch.chdir(tmp_path.parent)  # another working directory: the same ids
+    assert [j.id for j in load_campaign(f).jobs] == [j.id for j in jobs]
+    misuse = [j for j in jobs if j.options["misuse"] is True][0].argv()
+    assert "--misuse" in misuse and "--max-examples" in misuse
+    assert "--misuse" not in [j for j in jobs if j.options["misuse"] is False][0].argv()
+
+
+def test_release_fills_pythonpath_and_env_axes(tmp_path):
+    f = write(tmp_path, """
+[[matrix]]
+command = "check"
+target = "vllm"
+max_examples = 5
+release = ["0.20.0", "0.33.0"]
+pythonpath = ["/cache/{release}", "/cache/_deps"]
+env = { KVSPEC_VLLM_POLICIES = ["", "unhashed_free_first=false"] }
+""")
+    jobs = load_campaign(f).jobs
+    assert len(jobs) == 4
+    assert {j.pythonpath[0] for j in jobs} == {"/cache/0.20.0", "/cache/0.33.0"}
+    assert {j.env["KVSPEC_VLLM_POLICIES"] for j in jobs} == {"", "unhashed_free_first=false"}
+
+
+def test_only_each_makes_one_job_per_patch(tmp_path):
+    f = write(tmp_path, '[[matrix]]\ncommand = "patches"\ntarget = "impl"\nonly = "each"\nseeds = 1\ntimeout = 5\n')
+    corpus = json.loads((Path(__file__).resolve().parents[1] / "kvspec/corpus/impl/bugs.json").read_text())
+    assert sorted(j.options["only"] for j in load_campaign(f).jobs) == sorted(b["id"] for b in corpus)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("not = [toml", "not valid TOML"),
+    ("[campaign]\nname = 'x'\n", "no [[matrix]]"),
+    ("[[matrix]]\ncommand = 'fuzz'\n", "command must be one of"),
+    ("[[matrix]]\ncommand = 'check'\nmax_examples = 5\nblocks = 3\n", "check has no option 'blocks'"),
+    ("[[matrix]]\ncommand = 'check'\nseed = [0, 1]\n", "needs max_examples"),
+    ("[[matrix]]\ncommand = 'check'\nmax_examples = []\n", "empty list"),
+    ("[campaign]\nretries = -1\n[[matrix]]\ncommand = 'mc'\n", "retries"),
+])
+def test_a_bad_file_is_one_line_and_exit_2(tmp_path, text, says):
+    f = write(tmp_path, text)
+    with pytest.raises(UsageError, match="kvspec campaign"):
+        load_campaign(f)
+    rc, out, err = run(["campaign", str(f), "--results", str(tmp_path / "r"), "--json"])
+    assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert json.loads(out)["verdict"] == "error"
+
+
+def test_without_ray_one_line_says_how_to_install(tmp_path, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    rc, out, err = run(["campaign", str(write(tmp_path, TINY))])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "pip install 'ray==2.60.0'" in err, err
+
+
+def test_findings_dedup_by_invariant_and_steps():
+    v = lambda steps: {"invariant": "I4", "message": "m", "steps_text": steps, "minimal": True}
+    recs = [{"id": "a", "command": "check", "result": {"violations": [v(["Alloc(n=1)", "Free"])]}},
+            {"id": "b", "command": "check", "result": {"violations": [v(["Alloc(n=1)", "Free"])]}},
+            {"id": "c", "command": "check", "result": {"violations": [v(["Alloc(n=2)"])]}}]
+    got = dedup(recs)
+    assert [(f["count"], f["jobs"]) for f in got] == [(1, ["c"]), (2, ["a", "b"])]
+
+
+# -- a tiny matrix on a local Ray ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = pytest.importorskip("ray", reason="kvspec campaign runs on Ray (pip install -e '.[test]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _by_id(records: list[dict]) -> dict[str, tuple]:
+    from kvspec.campaign.findings import findings_of
+    return {r["id"]: (r["verdict"], sorted((f["invariant"], tuple(f["steps"])) for f in findings_of(r)))
+            for r in records}
+
+
+def test_tiny_matrix_on_local_ray_equals_one_process_and_resumes(tmp_path, local_ray, monkeypatch):
+    from kvspec.campaign import execute as execute_mod
+    from kvspec.campaign.runner import run_serial
+
+    f = write(tmp_path, TINY)
+    results = tmp_path / "results"
+    rc, out, err = run(["campaign", str(f), "--results", str(results), "--json"])
+    got = json.loads(out)
+    assert rc == 1 and got["verdict"] == "violation", err[-3000:]
+    assert got["counts"] == {"pass": 1, "violation": 2, "fail": 0, "error": 0}
+    assert "[campaign] 3/3 done" in err  # the progress line
+
+    jobs = load_campaign(f).jobs
+    records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
+    direct = run_serial(jobs, timeout=300)
+    assert _by_id(records) == _by_id(direct)  # same verdicts and findings as one process, job by job
+    assert {x["invariant"] for x in got["findings"]} == {"I4"}
+    # the report: Markdown, JSON, JUnit (one testcase per job, a failure per violation), the figure
+    suite = ET.parse(results / "campaign.junit.xml").getroot().find("testsuite")
+    assert len(suite.findall("testcase")) == 3 and len(suite.findall("testcase/failure")) == 2
+    assert (results / "campaign.md").read_text().startswith("# kvspec campaign `tiny`")
+    assert (results / "campaign_ttf.png").stat().st_size > 0
+    repro = [x for x in got["findings"] if x.get("repro_files")][0]["repro_files"][0]
+    assert Path(repro).is_file() and str(results) in repro  # kept, whichever node wrote it
+
+    # rerun: one job's record removed; only that one runs again
+    lost = jobs[0].id
+    (results / "jobs" / f"{lost}.json").unlink()
+    rc, out, err = run(["campaign", str(f), "--results", str(results), "--json"])
+    again = json.loads(out)
+    assert rc == 1 and again["skipped_done"] == 2 and _by_id(
+        [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]) == _by_id(direct)
+    counts = {}
+    for line in (results / "finished.log").read_text().splitlines():
+        counts[line.split()[0]] = counts.get(line.split()[0], 0) + 1
+    assert counts == {j.id: (2 if j.id == lost else 1) for j in jobs}
+
+    # everything done: Ray is not even asked
+    monkeypatch.setattr(execute_mod, "execute", lambda *a, **k: pytest.fail("a finished campaign ran jobs"))
+    rc, out, _ = run(["campaign", str(f), "--results", str(results), "--json"])
+    assert rc == 1 and json.loads(out)["skipped_done"] == 3
