@@ -45,7 +45,7 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Admit, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step, Verify
+from kvspec.spec.ops import Abort, Admit, Arrive, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step, Verify
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target
 
@@ -123,7 +123,7 @@ def rename(steps: Sequence[Op]) -> list[Op]:
 
     out: list[Op] = []
     for op in steps:
-        if isinstance(op, (Admit, Step, Preempt, Finish, Prefill, Verify)):
+        if isinstance(op, (Admit, Step, Preempt, Finish, Prefill, Verify, Arrive, Abort)):
             op = replace(op, req=req(op.req))
         elif isinstance(op, (Cache, CachePartial)):
             op = replace(op, hashes=tuple(lab(h) for h in op.hashes))
@@ -291,8 +291,8 @@ def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invari
             if out.index == -1 and out.invariant == invariant:
                 return [], True, cfg
         return [], True, config
-    if allow_misuse:
-        return steps, None, config  # the search enumerates valid ops only
+    if allow_misuse or config.level == "engine":
+        return steps, None, config  # the search enumerates valid cache/pool ops only
     return bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config, max_states)
 
 

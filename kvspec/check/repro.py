@@ -29,7 +29,10 @@ from kvspec.targets.base import Target
 
 
 def _annotations(target: Target, config: Config, steps: Sequence[Op]) -> list[str]:
-    """What the reference model says each step should do, as a trailing comment."""
+    """What the reference model says each step should do, as a trailing comment (none
+    at the engine level: the engine decides what each event does)."""
+    if config.level == "engine":
+        return [""] * len(steps)
     model = model_for(config, target.traits)
     notes = []
     for op in steps:

@@ -25,7 +25,7 @@ from kvspec.spec.violation import Violation
 
 EXAMPLES_PER_BATCH = 25
 DETERMINISTIC_EXAMPLES = 1000  # kvspec check --derandomize without --max-examples
-STEPS_PER_EXAMPLE = {"pool": 60, "cache": 60}  # about 5x the largest pool: evictions and reuse happen
+STEPS_PER_EXAMPLE = {"pool": 60, "cache": 60, "engine": 40}  # about 5x the largest pool: evictions and reuse happen
 
 
 @dataclass
@@ -155,7 +155,7 @@ def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -
     if not getattr(target.traits, "null_block", True):
         out["NULL_BLOCK"] = "the target has no null block"
     groups_why = None
-    if "cache" not in levels:
+    if "cache" not in levels and "engine" not in levels:
         groups_why = "cache level only"
     elif not getattr(target.traits, "cache_features", False):
         groups_why = "the target drives one KV-cache group"
@@ -173,6 +173,11 @@ def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -
 
 
 def _levels(target: Target, level: str) -> list[str]:
+    if level == "engine":  # never part of "all": an engine run is slower, and asked for by name
+        from kvspec.engine.drivers import supports_engine
+        if not supports_engine(target):
+            raise TargetError(f"target {target.name} has no engine level (it drives vllm and nanovllm[:PKG])")
+        return ["engine"]
     supported = list(target.traits.levels)
     if level == "all":
         return supported
@@ -199,6 +204,9 @@ def _settings(n_steps: int, max_examples: int = EXAMPLES_PER_BATCH, database: Op
 
 def _machine(target: Target, level: str, misuse: bool, sink: Callable, kv_groups: Optional[str] = None):
     from kvspec.stateful import cache_machine, pool_machine
+    if level == "engine":
+        from kvspec.engine.machine import engine_machine
+        return engine_machine(target, misuse=misuse, on_robustness=sink, kv_groups=kv_groups)
     if level == "cache":
         return cache_machine(target, misuse=misuse, on_robustness=sink, kv_groups=kv_groups)
     return pool_machine(target, misuse=misuse, on_robustness=sink)

@@ -183,6 +183,12 @@ class Session:
     # state invariants once per distinct state, see kvspec.mc.search); None: every check.
     step_check: Optional[Any] = None
 
+    def __new__(cls, target: Target, config: Config, incremental: Optional[bool] = None):
+        if config.level == "engine":  # the engine level's session has this surface (kvspec.engine.session)
+            from kvspec.engine.session import EngineSession
+            return EngineSession(target, config, incremental)
+        return super().__new__(cls)
+
     def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:
         self.target = target
         self.config = config

@@ -54,3 +54,23 @@ class EngineDriver(Protocol):
 
     def tokens(self) -> dict[str, tuple[int, ...]]:
         """Live request -> all its tokens (prompt + output)."""
+
+
+@dataclass(frozen=True)
+class ManagerCall:
+    """One call the engine's scheduler made into its KV manager during the last engine
+    event, as it was made (optional part of the protocol: ``EngineDriver.manager_calls``).
+
+    The engine-level checker replays these through the cache-level reference model
+    (``kvspec.engine.translate``), so the whole invariant catalogue runs on the engine's
+    own sequence of allocations and frees, with the target's result and its state right
+    after each call."""
+    kind: str                      # "admit" (waiting -> running), "grow" (a running request), "preempt", "finish"
+    req: str
+    tokens: tuple[int, ...] = ()   # the request's tokens at the call (prompt + output)
+    new: int = 0                   # tokens the call makes room for and computes now
+    hit: int = 0                   # prefix-cache hit tokens (admit)
+    external: int = 0              # tokens a connector supplies (admit)
+    extra: Optional[str] = None    # the request's extra keys (admit)
+    ok: bool = True                # the allocation succeeded
+    obs: Optional[Observation] = None  # the KV manager right after the call

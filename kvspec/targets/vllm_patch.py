@@ -51,8 +51,8 @@ def _in(name: str, prefixes) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
-def _import_entry() -> dict[str, ModuleType]:
-    mods = {name: importlib.import_module(name) for name in ENTRY_MODULES}
+def _import_entry(extra: tuple[str, ...] = ()) -> dict[str, ModuleType]:
+    mods = {name: importlib.import_module(name) for name in ENTRY_MODULES + tuple(extra)}
     for name in OPTIONAL_MODULES:
         try:
             found = importlib.util.find_spec(name) is not None
@@ -94,15 +94,16 @@ class _PatchedFinder(importlib.abc.MetaPathFinder):
         return importlib.util.spec_from_file_location(name, patched, submodule_search_locations=search)
 
 
-def import_vllm(patch_text: Optional[str] = None) -> dict[str, ModuleType]:
-    """The modules in ``ENTRY_MODULES``: the installed ones, or a patched family.
+def import_vllm(patch_text: Optional[str] = None, extra: tuple[str, ...] = ()) -> dict[str, ModuleType]:
+    """The modules in ``ENTRY_MODULES`` (and ``extra``, e.g. the engine level's
+    ``vllm.v1.core.sched.scheduler``): the installed ones, or a patched family.
 
     Raises PatchError (one line, naming the file and hunk) for a diff that does not
     apply, and ImportError when vLLM itself cannot be imported.
     """
     if not patch_text:
-        return _import_entry()
-    digest = hashlib.sha1(patch_text.encode()).hexdigest()[:12]
+        return _import_entry(extra)
+    digest = hashlib.sha1((patch_text + "".join(extra)).encode()).hexdigest()[:12]
     if digest in _loaded:
         return _loaded[digest]
     root = vllm_root()  # finds the package without importing it: a bad diff fails fast
@@ -122,14 +123,14 @@ def import_vllm(patch_text: Optional[str] = None) -> dict[str, ModuleType]:
         out.write_text(text)
         files[_module_name(rel)] = (out, root / rel)
 
-    _import_entry()  # the originals, loaded before the swap, are what gets restored
+    _import_entry(extra)  # the originals, loaded before the swap, are what gets restored
     purge = FAMILY + tuple(files)
     before = set(sys.modules)
     saved = {n: sys.modules.pop(n) for n in list(sys.modules) if _in(n, purge)}
     finder = _PatchedFinder(files)
     sys.meta_path.insert(0, finder)
     try:
-        mods = _import_entry()
+        mods = _import_entry(extra)
         for name in files:  # a patched module the entry chain does not reach still loads
             importlib.import_module(name)
         # The registry fills itself lazily through an import inside a function, which

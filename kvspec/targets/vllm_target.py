@@ -175,6 +175,7 @@ def declared_policies(traits: Traits) -> Traits:
 class VllmTarget(Target):
     def __init__(self, patch_text: Optional[str] = None, patch_name: Optional[str] = None) -> None:
         self.up = Upstream(import_vllm(patch_text))
+        self.patch_text = patch_text  # the engine level loads the scheduler under the same diff
         # reset_prefix_cache logs a warning on every refusal (a normal outcome here);
         # vLLM's own logger would flood the terminal and the JSON's stderr.
         logging.getLogger("vllm").setLevel(logging.ERROR)

@@ -1,0 +1,64 @@
+"""What the scheduler tells its KV manager, checked after every engine event.
+
+The cache-level catalogue runs on every manager call (``kvspec.engine.session``); these
+checks read the engine's own decisions (``StepFacts``) against what the manager holds
+once the event is processed:
+
+- SLOTS: every token scheduled this step has a slot in its request's table (no two
+  scheduled tokens share one), the scheduler asked the manager for room for every one
+  of them (where the engine reports its manager calls), and every request's computed
+  tokens fit in its blocks;
+- NO_LEAK: a request preempted, finished or aborted in this event holds no block.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from kvspec.engine.protocol import EngineDriver, StepFacts
+from kvspec.spec.ops import Abort, Op
+from kvspec.spec.violation import Violation
+
+
+def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
+                allocated: Optional[dict[str, int]] = None) -> list[Violation]:
+    """``allocated``: request -> tokens the manager's successful allocations this event
+    made room for (None: the engine does not report its manager calls)."""
+    obs = driver.observe()
+    tables = driver.tables()
+    bs = driver.block_size
+
+    def v(inv: str, msg: str, rid: str, blocks=()) -> Violation:
+        return Violation(inv, f"{op!r}: {msg}", obs.excerpt(list(blocks), [rid]))
+
+    out: list[Violation] = []
+    released = []
+    if facts is not None:
+        released += [(r, "preempted") for r in facts.preempted] + [(r, "finished") for r in facts.finished]
+    if isinstance(op, Abort):
+        released.append((op.req, "aborted"))
+    for rid, how in released:
+        held = tables.get(rid, ())
+        if held:
+            out.append(v("NO_LEAK", f"{rid} was {how} but still holds blocks {list(held)}", rid, held))
+    if facts is not None:
+        for rid, n in facts.scheduled.items():
+            got = facts.slots.get(rid, ())
+            if len(got) < n:
+                start = facts.start.get(rid, 0)
+                out.append(v("SLOTS", f"{rid} was scheduled {n} tokens from position {start}, but only "
+                                      f"{len(got)} of them have a slot in its table", rid))
+            if allocated is not None and allocated.get(rid, 0) < n:
+                out.append(v("SLOTS", f"{rid} was scheduled {n} tokens, but the scheduler asked the KV manager "
+                                      f"for room for only {allocated.get(rid, 0)}", rid))
+        dup = [s for s, c in Counter(s for got in facts.slots.values() for s in got).items() if c > 1]
+        if dup:
+            owners = sorted(r for r, got in facts.slots.items() if dup[0] in got)
+            out.append(v("SLOTS", f"slot {dup[0]} (block {dup[0] // bs}) is written by "
+                                  f"{' and '.join(owners) or 'one request twice'} in the same step", owners[0] if owners else "",
+                         [dup[0] // bs]))
+    for rid, c in driver.computed().items():
+        have = len(tables.get(rid, ())) * bs
+        if c > have:
+            out.append(v("SLOTS", f"{rid} has {c} computed tokens but its blocks hold only {have}", rid))
+    return out

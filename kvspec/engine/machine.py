@@ -1,0 +1,83 @@
+"""The engine-level machine: the outside world's events only. Requests arrive (prompts
+built from a few shared block-sized chunks, so prefix hits, chunked prefill and, in a
+pool of 6 to 16 blocks, preemption all happen), the engine steps with a sampled token,
+clients abort. What to schedule, chunk, preempt and finish is the engine's decision.
+
+Only configurations the engine's own validation accepts are drawn: the block size is 4
+(vLLM's CPU path rejects none of 1..16, but 4 keeps prompts a few blocks long), a prompt
+never needs more blocks than the pool has, and ``max_tokens`` keeps every request within
+``max_model_len``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule
+
+from kvspec.spec.config import Config
+from kvspec.spec.ops import Abort, Arrive, EngineStep
+from kvspec.stateful.base import KVMachine, RobustnessSink
+from kvspec.targets.base import Target
+
+BLOCK_SIZE = 4
+MAX_ARRIVED = 6        # requests per example
+NUM_CHUNKS = 3
+EXTRAS = (None, None, None, None, "salt:s", "salt:t")
+_TOKEN = st.integers(1, 4)          # few distinct sampled tokens: generated text shares prefixes too
+_MAX_TOKENS = st.integers(1, 8)
+
+
+def _chunks() -> list[list[int]]:
+    return [[10 * c + i + 1 for i in range(BLOCK_SIZE)] for c in range(NUM_CHUNKS)]
+
+
+def _prompts(max_len: int) -> st.SearchStrategy:
+    chunks = _chunks()
+    body = st.lists(st.sampled_from(chunks), min_size=0, max_size=3).map(lambda cs: [t for c in cs for t in c])
+    tail = st.lists(st.sampled_from([t for c in chunks for t in c]), min_size=0, max_size=BLOCK_SIZE)
+    return st.tuples(body, tail).map(lambda bt: tuple(bt[0] + bt[1])[:max_len]).filter(bool)
+
+
+class EngineMachine(KVMachine):
+    kv_groups: Optional[str] = None
+
+    @initialize(data=st.data())
+    def setup(self, data):
+        n = data.draw(st.integers(6, 16), label="num_blocks")
+        caching = data.draw(st.sampled_from((True, True, True, False)), label="caching")
+        self.arrived: list[str] = []
+        self.usable = (n - 1) * BLOCK_SIZE   # tokens the pool can hold for one request (null block aside)
+        self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
+                          kv_groups=self.kv_groups or "full"))
+
+    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
+    @rule(data=st.data())
+    def arrive(self, data):
+        prompt = data.draw(_prompts(self.usable - 1), label="prompt")
+        max_tokens = data.draw(_MAX_TOKENS.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
+        extra = data.draw(st.sampled_from(EXTRAS), label="extra")
+        rid = f"r{len(self.arrived) + 1}"
+        self.arrived.append(rid)
+        self.run(Arrive(rid, prompt, max_tokens, extra))
+
+    @rule(token=_TOKEN)
+    def step(self, token):
+        self.run(EngineStep(token=token))
+
+    @rule(token=_TOKEN)
+    def step_again(self, token):  # a second rule: steps twice as likely as arrivals
+        self.run(EngineStep(token=token))
+
+    @precondition(lambda self: bool(self.arrived))
+    @rule(data=st.data())
+    def abort(self, data):
+        self.run(Abort(data.draw(st.sampled_from(self.arrived), label="req")))
+
+
+def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
+                   kv_groups: Optional[str] = None) -> type:
+    """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
+    attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
+                 counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
+    return type(f"EngineMachine_{target.name}", (EngineMachine,), attrs)

@@ -1,0 +1,153 @@
+"""One run at the engine level: engine events in, findings out, with the same surface as
+``kvspec.check.session.Session`` (``apply``, ``steps``, ``initial``, ``misuse_reason``),
+which builds an ``EngineSession`` for a ``Config`` whose level is ``"engine"``. So the
+machines' base, ``run_steps``, ddmin and the repro files' ``replay`` drive the engine
+level unchanged.
+
+Each event runs on the engine (``EngineDriver``). Every call its scheduler made into the
+KV manager during the event is then replayed, in order, through a cache-level
+``Session`` over a stand-in target (``_Replayed``) that answers with what the real
+manager returned and the state it was observed in right after the call: so the
+reference model, the hash map, the shadow KV store and the whole catalogue judge the
+engine's own allocations. Last, the engine's decisions are checked against what the
+manager holds (``kvspec.engine.checks``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from kvspec.engine.checks import check_event
+from kvspec.engine.drivers import engine_driver
+from kvspec.engine.protocol import EngineDriver, StepFacts
+from kvspec.engine.translate import translate
+from kvspec.errors import TargetError
+from kvspec.spec.config import Config
+from kvspec.spec.observation import Observation
+from kvspec.spec.ops import Abort, Arrive, EngineStep, Op
+from kvspec.spec.violation import Violation
+from kvspec.targets.base import Driver, Target
+from kvspec.targets import watchdog
+from kvspec.targets.watchdog import OpTimeout
+
+
+class _ReplayDriver(Driver):
+    """Answers each cache-level op with the result and observation the engine recorded."""
+
+    def __init__(self, first: Observation) -> None:
+        self.obs = first
+        self.result: Any = None
+
+    def push(self, result: Any, obs: Observation) -> None:
+        self.result, self.obs = result, obs
+
+    def apply(self, op: Op) -> Any:
+        return self.result
+
+    def observe(self) -> Observation:
+        return self.obs
+
+
+class _Replayed(Target):
+    """The engine's target as the cache-level Session sees it: its name and traits, and a
+    driver that replays the engine's manager calls."""
+
+    def __init__(self, target: Target, first: Observation) -> None:
+        self.name = target.name
+        self.traits = target.traits
+        self.replay = _ReplayDriver(first)
+
+    def driver(self, config: Config) -> Driver:
+        return self.replay
+
+    def describe(self) -> str:
+        return self.name
+
+
+class EngineSession:
+    """The engine level's Session (see the module doc)."""
+
+    step_check: Optional[Any] = None
+
+    def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:
+        from kvspec.check.session import Session
+
+        self.target = target
+        self.config = config
+        self.traits = target.traits
+        self.op_timeout = watchdog.default()
+        self.engine: EngineDriver = engine_driver(target, config)
+        self._replayed = _Replayed(target, self.engine.observe())
+        self.cache = Session(self._replayed, dataclasses.replace(config, level="cache"), incremental=False)
+        self.initial: list[Violation] = self.cache.initial
+        self.steps: list[Op] = []
+        self.arrived: set[str] = set()
+        self.last_result: Any = None
+        self.dead = False
+
+    @property
+    def model(self) -> Any:
+        return self.cache.model
+
+    @property
+    def obs(self) -> Observation:
+        return self.cache.obs
+
+    @property
+    def documents_misuse(self) -> bool:
+        return False
+
+    def misuse_reason(self, op: Op) -> Optional[str]:
+        if isinstance(op, Arrive):
+            if op.req in self.arrived:
+                return f"request {op.req} already arrived"
+            if not op.prompt:
+                return "empty prompt"
+            if op.max_tokens < 1:
+                return f"max_tokens {op.max_tokens} is not positive"
+        if isinstance(op, EngineStep) and (op.drafts < 0 or not 0 <= op.accepted):
+            return "negative draft or accepted count"
+        return None
+
+    def _run(self, op: Op) -> Optional[StepFacts]:
+        e = self.engine
+        if isinstance(op, Arrive):
+            e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra)
+            self.arrived.add(op.req)
+            return None
+        if isinstance(op, EngineStep):
+            token = op.token
+            return e.step(lambda req, pos: token, op.drafts, op.accepted)
+        if isinstance(op, Abort):
+            e.abort(op.req)
+            return None
+        raise TargetError(f"{op!r} is not an engine-level op")
+
+    def apply(self, op: Op) -> list[Violation]:
+        self.steps.append(op)
+        if self.dead:
+            return [Violation("NO_CRASH", f"{op!r}: the engine failed earlier and is not driven again")]
+        try:
+            facts = watchdog.guarded(self.op_timeout, self._run, op)
+        except OpTimeout as t:
+            self.dead = True
+            return [Violation("NO_HANG", f"{op!r} did not return within the op timeout of {t.seconds:g} s")]
+        except TargetError:
+            raise
+        except Exception as ex:  # the engine's own failure on a valid event is a finding
+            self.dead = True
+            return [Violation("NO_CRASH", f"{op!r} is valid here but the engine raised {type(ex).__name__}: {ex}")]
+        self.last_result = facts
+        reported = hasattr(self.engine, "manager_calls")
+        calls = self.engine.manager_calls() if reported else []
+        allocated: dict[str, int] = {}
+        for call in calls:
+            if call.ok and call.kind in ("admit", "grow"):
+                allocated[call.req] = allocated.get(call.req, 0) + call.new
+            cop, result = translate(call, self.cache.model)
+            self._replayed.replay.push(result, call.obs if call.obs is not None else self.engine.observe())
+            found = self.cache.apply(cop)
+            if found:
+                return [dataclasses.replace(v, message=f"{op!r}, at the scheduler's call {cop!r}: {v.message}")
+                        for v in found]
+        return check_event(op, facts, self.engine, allocated if reported else None)

@@ -1,0 +1,237 @@
+"""vLLM's real v1 ``Scheduler`` on the CPU, driving its real ``KVCacheManager``.
+
+No model runs: the scheduler is built from a tiny Llama ``config.json`` written to a
+temporary folder (``skip_tokenizer_init``, so nothing is downloaded), a CPU
+``DeviceConfig``, a hand-built ``KVCacheConfig`` (``kvspec.targets.vllm_groups``) and a
+``StructuredOutputManager``. Each engine step is ``schedule()`` and then
+``update_from_output()`` with a made-up ``ModelRunnerOutput``: every scheduled request
+that reached the end of its known tokens samples the step's token.
+
+What the scheduler asks of the KV manager is recorded, call by call, by a thin proxy in
+front of the manager (``_Recorder``): each ``allocate_slots`` and ``free`` becomes a
+``ManagerCall`` with the manager's state right after it, which the engine-level checker
+replays through the cache-level reference model.
+
+With a diff (``--patch``) the whole ``vllm.v1.core`` family, the scheduler included, is
+loaded patched (``kvspec.targets.vllm_patch``), so a diff of
+``vllm/v1/core/sched/scheduler.py`` is a scheduler under test.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
+from kvspec.errors import TargetError
+from kvspec.spec.observation import Observation, RequestState
+from kvspec.targets.v1_driver import observe_pool
+from kvspec.targets.vllm_groups import build_kv_cache_config, parse_extra
+
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+VOCAB = 1000  # token ids drawn stay below it
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """What a vLLM engine is built with: the KV pool and the scheduler's limits."""
+    block_size: int = 4
+    num_blocks: int = 12          # the null block included, as at the cache level
+    caching: bool = True
+    kv_groups: str = "full"
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 16
+    max_model_len: int = 128
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_model_dir() -> str:
+    """A folder holding only the config.json of a two-layer Llama with a tiny vocabulary:
+    enough for vLLM's ``ModelConfig``; no weights, no tokenizer."""
+    d = tempfile.mkdtemp(prefix="kvspec-tiny-llama-")
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+           "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
+           "vocab_size": VOCAB, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
+           "bos_token_id": 1, "eos_token_id": 2}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+@functools.lru_cache(maxsize=16)
+def vllm_config(shape: EngineShape) -> Any:
+    """The ``VllmConfig`` of a CPU engine of this shape (built once per shape: it is slow)."""
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32",
+                        max_model_len=shape.max_model_len)
+    sched = SchedulerConfig(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+                            max_model_len=shape.max_model_len, enable_chunked_prefill=True,
+                            is_encoder_decoder=False)
+    cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
+    cache.num_gpu_blocks = shape.num_blocks
+    return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                      device_config=DeviceConfig(device="cpu"))
+
+
+class _Recorder:
+    """Stands in front of the scheduler's ``KVCacheManager``: every call goes through to
+    it; ``allocate_slots`` and ``free`` are also reported to the engine, after the call."""
+
+    def __init__(self, mgr: Any, engine: "VllmEngine") -> None:
+        self._mgr = mgr
+        self._engine = engine
+        self._alloc_sig = inspect.signature(mgr.allocate_slots)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mgr, name)
+
+    def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        status = request.status
+        before = self._engine.computed_of(request)
+        result = self._mgr.allocate_slots(request, *args, **kwargs)
+        bound = self._alloc_sig.bind(request, *args, **kwargs)
+        bound.apply_defaults()
+        self._engine.on_allocate(request, status, before, dict(bound.arguments), result is not None)
+        return result
+
+    def free(self, request: Any) -> Any:
+        was_running = request.status == self._engine.status.RUNNING
+        result = self._mgr.free(request)
+        self._engine.on_free(request, preempt=was_running)
+        return result
+
+
+class VllmEngine:
+    """``EngineDriver`` over vLLM's v1 Scheduler (see the module doc)."""
+
+    def __init__(self, mods: dict[str, Any], shape: EngineShape) -> None:
+        self.shape = shape
+        self.block_size = shape.block_size
+        self.num_blocks = shape.num_blocks
+        sched_mod = mods[SCHEDULER_MODULE]
+        self.request_mod = mods["vllm.v1.request"]
+        self.status = self.request_mod.RequestStatus
+        self.SamplingParams = mods["vllm.sampling_params"].SamplingParams
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        self.ModelRunnerOutput = ModelRunnerOutput
+        cfg = vllm_config(shape)
+        kv = build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, mods["vllm.v1.kv_cache_interface"])
+        logging.getLogger("vllm").setLevel(logging.ERROR)
+        self.sched = sched_mod.Scheduler(vllm_config=cfg, kv_cache_config=kv,
+                                         structured_output_manager=StructuredOutputManager(cfg),
+                                         block_size=shape.block_size)
+        if getattr(self.sched, "defer_block_free", False):
+            raise TargetError("vllm engine: this configuration defers block frees, which the engine level does not model")
+        self.mgr = self.sched.kv_cache_manager
+        self.sched.kv_cache_manager = _Recorder(self.mgr, self)
+        from kvspec.targets.vllm_target import Upstream
+        up = Upstream(mods)   # vLLM's sha256 block hashing, initialized as the engine does
+        self.hasher = up.utils.get_request_block_hasher(shape.block_size, up.hash_fn)
+        self.extras: dict[str, Optional[str]] = {}
+        self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them
+        self._calls: list[ManagerCall] = []
+
+    # -- the recorder's reports --------------------------------------------------------
+    def computed_of(self, request: Any) -> int:
+        return self._computed.get(request.request_id, 0)
+
+    def on_allocate(self, request: Any, status: Any, before: int, args: dict, ok: bool) -> None:
+        rid = request.request_id
+        new = args.get("num_new_tokens", 0)
+        admit = status != self.status.RUNNING
+        hit = args.get("num_new_computed_tokens", 0) or 0
+        ext = args.get("num_external_computed_tokens", 0) or 0
+        if ok:
+            self._computed[rid] = (hit + ext if admit else before) + new
+        self._calls.append(ManagerCall("admit" if admit else "grow", rid, tuple(request.all_token_ids), new=new,
+                                       hit=hit if admit else 0, external=ext if admit else 0,
+                                       extra=self.extras.get(rid) if admit else None, ok=ok, obs=self.observe()))
+
+    def on_free(self, request: Any, preempt: bool) -> None:
+        rid = request.request_id
+        self._computed.pop(rid, None)
+        self._calls.append(ManagerCall("preempt" if preempt else "finish", rid, tuple(request.all_token_ids),
+                                       obs=self.observe()))
+
+    def manager_calls(self) -> list[ManagerCall]:
+        """The manager calls of the last engine event, in order (and forgets them)."""
+        calls, self._calls = self._calls, []
+        return calls
+
+    # -- engine events -----------------------------------------------------------------
+    def arrive(self, req: str, prompt: tuple[int, ...], max_tokens: int, extra: Optional[str]) -> None:
+        try:
+            kw = parse_extra(extra)
+        except ValueError as e:
+            raise TargetError(f"vllm engine: {e}") from None
+        params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        r = self.request_mod.Request(req, list(prompt), params, None, block_hasher=self.hasher, **kw)
+        self.extras[req] = extra
+        self.sched.add_request(r)
+
+    def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
+        s = self.sched
+        running_before = {r.request_id for r in s.running}
+        out = s.schedule()
+        bs = self.block_size
+        scheduled = dict(out.num_scheduled_tokens)
+        start, slots, sampled = {}, {}, []
+        for rid, n in scheduled.items():
+            req = s.requests[rid]
+            start[rid] = req.num_computed_tokens - n   # schedule() already advanced it
+            table = self._table(rid, 0)
+            slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
+                               if p // bs < len(table))
+            at_end = req.num_computed_tokens >= req.num_tokens
+            sampled.append([sample(rid, req.num_tokens)] if at_end else [])
+        preempted = tuple(sorted(rid for rid in running_before
+                                 if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
+        ids = list(scheduled)
+        mro = self.ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                     sampled_token_ids=sampled)
+        live = set(s.requests)
+        s.update_from_output(out, mro)
+        finished = tuple(sorted(rid for rid in live
+                                if rid not in s.requests or s.requests[rid].is_finished()))
+        return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start)
+
+    def abort(self, req: str) -> None:
+        self.sched.finish_requests(req, self.status.FINISHED_ABORTED)
+
+    # -- reading the state -------------------------------------------------------------
+    def _table(self, rid: str, group: int) -> tuple[int, ...]:
+        mgr = self.mgr.coordinator.single_type_managers[group]
+        return tuple(b.block_id for b in mgr.req_to_blocks.get(rid, ()))   # .get: never adds an entry
+
+    def _holders(self) -> list[str]:
+        rids: set[str] = set()
+        for mgr in self.mgr.coordinator.single_type_managers:
+            rids |= {rid for rid, blocks in mgr.req_to_blocks.items() if blocks}
+        return sorted(rids)
+
+    def observe(self) -> Observation:
+        groups = len(self.mgr.coordinator.single_type_managers)
+        reqs = {}
+        for rid in self._holders():
+            t = [self._table(rid, g) for g in range(groups)]
+            reqs[rid] = RequestState(t[0], self._computed.get(rid, 0), tuple(t[1:]))
+        return observe_pool(self.mgr.block_pool, reqs)
+
+    def tables(self) -> dict[str, tuple[int, ...]]:
+        """Every request the manager holds blocks for (group 0's table; a finished,
+        aborted or preempted request listed here is one the scheduler forgot to free)."""
+        return {rid: self._table(rid, 0) for rid in self._holders()}
+
+    def computed(self) -> dict[str, int]:
+        return {rid: r.num_computed_tokens for rid, r in self.sched.requests.items() if not r.is_finished()}
+
+    def tokens(self) -> dict[str, tuple[int, ...]]:
+        return {rid: tuple(r.all_token_ids) for rid, r in self.sched.requests.items() if not r.is_finished()}
