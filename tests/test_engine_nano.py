@@ -217,6 +217,42 @@ def test_abort_of_a_package_without_one_frees_like_its_finish():
     assert set(drv.tables()) == {"b"} and drv.observe().free_count == 4
 
 
+def test_manager_calls_report_admissions_growth_preemption_and_finish():
+    """What the scheduler asked of its manager, in order, with the state after each call. On
+    3 blocks: both prompts are admitted; a's decode takes the last block, b's is refused and
+    b preempts itself; b's re-admission (with its sampled token) is refused until a finishes."""
+    drv = NanoEngineDriver(load_file_engine(TINY), 3, 2)
+    drv.arrive("a", (1, 2, 1), 3)
+    drv.arrive("b", (2, 1), 3)
+    seen = []
+    for _ in range(6):
+        drv.step(lambda r, p: 5)
+        calls = drv.manager_calls()
+        seen.append([(c.kind, c.req, c.ok, c.new, c.hit) for c in calls])
+        assert all(c.obs is not None for c in calls)
+    assert seen[:5] == [
+        [("admit", "a", True, 3, 0), ("admit", "b", True, 2, 0)],
+        [("grow", "a", True, 1, 0), ("grow", "b", False, 1, 0), ("preempt", "b", True, 0, 0)],
+        [("admit", "b", False, 3, 0), ("grow", "a", True, 1, 0), ("finish", "a", True, 0, 0)],
+        [("admit", "b", True, 3, 0)],
+        [("grow", "b", True, 1, 0), ("finish", "b", True, 0, 0)],
+    ]
+    assert drv.manager_calls() == []  # forgotten once read
+
+
+def test_engine_driver_for_a_file_target():
+    from kvspec.engine.nano_engine import engine_driver_for, has_scheduler
+    from kvspec.spec.config import Config
+    from kvspec.targets.user_target import load_user_target
+
+    target = load_user_target(f"{TINY}:BlockManager")
+    assert has_scheduler(target)
+    drv = engine_driver_for(target, Config(level="engine", num_blocks=4, block_size=2))
+    assert drv.parts.scheduler_cls.__name__ == "Scheduler" and drv.num_blocks == 4
+    with pytest.raises(TargetError, match="always caches"):
+        engine_driver_for(target, Config(level="engine", num_blocks=4, block_size=2, caching=False))
+
+
 # -- the installed nano-vllm derivatives -------------------------------------------------------------
 def _needs(package: str, dist: str):
     return pytest.mark.skipif(importlib.util.find_spec(package) is None,

@@ -4,21 +4,7 @@ Targets: ``nanovllm[:PKG]`` (an installed derivative: ``PKG/engine/scheduler.py`
 user's fork given by a file of its package (``REPO/nanovllm/engine/block_manager.py`` or
 ``scheduler.py``): the ``scheduler.py`` beside it is imported under its real name.
 
-Loading. As for the cache level (``kvspec.targets.nano_loader``): the package's
-``__init__`` is never run (torch models, flash-attn, torch_npu); the scheduler module's
-own imports of the package's ``config`` module (transformers' AutoConfig) get a stand-in
-whose ``Config`` cannot be built: the scheduler reads its settings off the object it is
-given and names the class only in annotations. A FILE target is imported as the cache
-level imports it (``file_import.import_in_package``: stand-ins for missing modules). A
-``patch`` is applied to temporary copies, scheduler included.
-
-The config. nano-vllm's ``Config`` needs a Hugging Face model directory, so the driver
-builds a stand-in with exactly the fields the scheduler reads: ``config.X`` in the
-``Scheduler`` class's source, found with ``ast`` at load. Each gets kvspec's value where
-kvspec sets it (``KVSPEC_FIELDS``: the pool, the block size, an ``eos`` the sampler never
-produces, a token budget and model length of the whole pool, which is what nano-vllm's
-own ``Config`` asks: ``max_num_batched_tokens >= max_model_len``), else the default of that
-field in the package's ``config.py`` (read with ``ast``), else the load fails in one line.
+Loading and the stand-in config: ``kvspec.engine.nano_load``.
 
 Driving. ``arrive`` builds the package's own Sequence (``NanoDriver.new_seq``: its
 constructor by signature, default SamplingParams, the run's block size) with
@@ -36,204 +22,76 @@ one; nano-vllm and its forks have none (their engines cannot abort), so kvspec r
 waiting request from the queue and finishes a running one as the package's own finish
 does (``deallocate``, off ``running``): ``native_abort`` says which.
 
+Manager calls. A recorder stands in front of the scheduler's ``block_manager``, so the
+engine-level session can replay what the scheduler asked through the cache-level model
+(``ManagerCall``): ``allocate`` is an admission (hit: ``num_cached_tokens``), ``may_append``
+a growth by one token, ``deallocate`` a preemption while ``schedule()`` runs and a finish
+otherwise; a refused ``can_allocate`` is a refused admission, and a refused
+``can_append`` is reported only when the scheduler then preempts that sequence (nano-vllm
+asks again after each preemption it makes for it).
+
 Observation. ``kvspec.targets.nano_driver.NanoDriver``'s, the cache level's, reading the
-scheduler's ``block_manager``; a request's ``computed`` is the engine's (the tokens whose KV
-the steps so far computed, the prefix hit included), not ``len(seq)``.
+scheduler's real ``block_manager``; a request's ``computed`` is the engine's (the tokens
+whose KV the steps so far computed, the prefix hit included), not ``len(seq)``.
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
-import sys
-import textwrap
-import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from kvspec.engine.protocol import Sampler, StepFacts
+from kvspec.engine.nano_load import (EngineParts, config_reads, load_file_engine,  # noqa: F401
+                                     load_package_engine, scheduler_file, stand_in_config)
+from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 
 NEVER_EOS = -1  # nano-vllm's own "no eos" value; the machines sample tokens >= 0
-# The config fields kvspec sets; the rest take the package's Config defaults.
-KVSPEC_FIELDS = ("num_kvcache_blocks", "kvcache_block_size", "eos", "max_num_batched_tokens", "max_model_len")
-
-
-@dataclass
-class EngineParts:
-    """What the engine level loads from a package: its Scheduler, the BlockManager and
-    Sequence classes that scheduler module uses, and the package's ``config.py``."""
-    scheduler_cls: type
-    manager_cls: type
-    seq_cls: type
-    config_file: Optional[Path]
-    name: str
-    scheduler_file: Optional[Path] = None  # the source the Scheduler was loaded from (a patched copy too)
-
-
-# -- loading -------------------------------------------------------------------------------
-class _UnbuildableConfig:
-    """Stands in for the package's ``Config`` in its scheduler module: building it would load
-    a model directory."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TargetError("the scheduler builds its package's Config, which needs a model directory: "
-                          "kvspec gives it a stand-in config object instead")
-
-
-def _parts(module: types.ModuleType, name: str, config_file: Optional[Path]) -> EngineParts:
-    sched = getattr(module, "Scheduler", None)
-    if not isinstance(sched, type):
-        raise TargetError(f"target {name}: {module.__name__} defines no class Scheduler")
-    found = {}
-    for attr in ("BlockManager", "Sequence"):
-        v = module.__dict__.get(attr)
-        if not isinstance(v, type):
-            raise TargetError(f"target {name}: {module.__name__} does not import a class {attr} "
-                              f"(the engine level reads the manager and the Sequence its scheduler uses)")
-        found[attr] = v
-    f = getattr(module, "__file__", None)
-    return EngineParts(sched, found["BlockManager"], found["Sequence"], config_file, name, Path(f) if f else None)
-
-
-def load_package_engine(package: str = "nanovllm", patch_text: Optional[str] = None) -> EngineParts:
-    """The Scheduler of the installed ``package`` (``PKG/engine/scheduler.py``), with the
-    BlockManager and Sequence its module imports; patched if ``patch_text``."""
-    import importlib
-
-    from kvspec.targets.nano_loader import import_overlay, module_name, package_dir, patched_files
-    from kvspec.targets.stub_import import stand_ins
-
-    name = "nanovllm" if package == "nanovllm" else f"nanovllm:{package}"
-    pkg_dir = package_dir(package)
-    engine = pkg_dir / "engine"
-    if not (engine / "scheduler.py").is_file():
-        raise TargetError(f"target {name}: {engine}/scheduler.py does not exist (the engine level drives the "
-                          f"package's own Scheduler)")
-    mods = [f"{package}.engine.{m}" for m in ("sequence", "block_manager", "scheduler")]
-    leaves = {f"{package}.config": {"Config": _UnbuildableConfig}}
-    try:
-        with stand_ins(pkg_dir, (package, f"{package}.engine"), leaves):
-            if patch_text is None:
-                mod = [importlib.import_module(m) for m in mods][-1]
-            else:
-                files = {module_name(rel): f for rel, f in
-                         patched_files(pkg_dir.parent, f"{package}/", patch_text, f"nanoengine_{package}").items()}
-                for m in mods:  # re-run all three, so each binds the patched others
-                    files.setdefault(m, engine / f"{m.rsplit('.', 1)[1]}.py")
-                with import_overlay(files):
-                    mod = [importlib.import_module(m) for m in mods][-1]
-    except TargetError:
-        raise
-    except Exception as e:  # a missing dependency, or the module's own failure
-        raise TargetError(f"target {name}: cannot import {mods[-1]}: {type(e).__name__}: {e}") from None
-    cfg = pkg_dir / "config.py"
-    return _parts(mod, name, cfg if cfg.is_file() else None)
-
-
-def scheduler_file(path: Path) -> Path:
-    """The ``scheduler.py`` of a FILE target: the file itself, or the one beside it."""
-    path = path.resolve()
-    f = path if path.name == "scheduler.py" else (path if path.is_dir() else path.parent) / "scheduler.py"
-    if not f.is_file():
-        raise TargetError(f"target {path}: no scheduler.py beside it (--level engine drives the package's own "
-                          f"Scheduler; use --level cache for a block manager alone)")
-    return f
-
-
-def load_file_engine(path: Path, patch_text: Optional[str] = None) -> EngineParts:
-    """The Scheduler in the ``scheduler.py`` beside ``path``, imported in its package (see
-    the module doc); ``patch_text``: a diff relative to the package root's parent."""
-    from kvspec.targets.file_import import import_in_package, package_root
-    from kvspec.targets.nano_loader import module_name, patched_files
-
-    sched = scheduler_file(Path(path))
-    found = package_root(sched)
-    if found is None:
-        raise TargetError(f"target {path}: {sched} is in no package (its scheduler imports the block manager "
-                          f"by the package's name)")
-    root, modname = found
-    files = None
-    if patch_text is not None:
-        files = {module_name(rel): f for rel, f in patched_files(root, "", patch_text, "nanoengine_file").items()}
-        for f in sched.parent.glob("*.py"):  # re-run the engine modules so each binds the patched others
-            files.setdefault(f"{modname.rsplit('.', 1)[0]}.{f.stem}", f)
-    try:
-        mod = import_in_package(root, modname, lambda line: print(line, file=sys.stderr), files)
-    except TargetError:
-        raise
-    except Exception as e:
-        raise TargetError(f"target {path}: cannot import {modname}: {type(e).__name__}: {e}") from None
-    top = root / modname.split(".", 1)[0] / "config.py"
-    return _parts(mod, str(path), top if top.is_file() else None)
-
-
-# -- the stand-in config ---------------------------------------------------------------------
-def config_reads(scheduler_cls: type, source: Optional[Path] = None) -> list[str]:
-    """The ``config.X`` fields the Scheduler's source reads (the parameter ``config`` of its
-    ``__init__``, or ``self.config``), in order of appearance. ``source``: the file it was
-    loaded from (a patched module is gone from ``sys.modules`` once loaded)."""
-    try:
-        if source is not None:
-            tree = next(n for n in ast.walk(ast.parse(source.read_text(encoding="utf-8", errors="replace")))
-                        if isinstance(n, ast.ClassDef) and n.name == scheduler_cls.__name__)
-        else:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(scheduler_cls)))
-    except (OSError, TypeError, SyntaxError, ValueError, StopIteration):
-        return []
-    init = inspect.signature(scheduler_cls.__init__).parameters
-    param = next((p for p in list(init)[1:2]), "config")
-    out: list[str] = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute):
-            continue
-        v = node.value
-        direct = isinstance(v, ast.Name) and v.id == param
-        via_self = isinstance(v, ast.Attribute) and v.attr == param and isinstance(v.value, ast.Name) \
-            and v.value.id == "self"
-        if (direct or via_self) and node.attr not in out:
-            out.append(node.attr)
-    return out
-
-
-def config_defaults(config_file: Optional[Path]) -> dict[str, Any]:
-    """Literal field defaults of the ``Config`` class in the package's ``config.py``."""
-    if config_file is None:
-        return {}
-    try:
-        tree = ast.parse(config_file.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    out: dict[str, Any] = {}
-    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config"):
-        for st in cls.body:
-            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:
-                try:
-                    out[st.target.id] = ast.literal_eval(st.value)
-                except ValueError:
-                    continue
-    return out
-
-
-def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> types.SimpleNamespace:
-    """The object the Scheduler is built with (see the module doc)."""
-    defaults = config_defaults(parts.config_file)
-    cfg = {}
-    for f in config_reads(parts.scheduler_cls, parts.scheduler_file):
-        if f in values:
-            cfg[f] = values[f]
-        elif f in defaults:
-            cfg[f] = defaults[f]
-        else:
-            raise TargetError(f"target {parts.name}: its Scheduler reads config.{f}, which kvspec does not set and "
-                              f"the package's Config gives no literal default for")
-    return types.SimpleNamespace(**cfg)
 
 
 # -- the driver --------------------------------------------------------------------------------
+class _Recorder:
+    """Stands in front of the scheduler's ``block_manager``: every call goes through; the
+    allocations (``allocate``, ``may_append``), refusals (``can_allocate``/``can_append``
+    False) and frees (``deallocate``) are also reported to the driver, after the call."""
+
+    def __init__(self, mgr: Any, engine: "NanoEngineDriver") -> None:
+        self._mgr, self._engine = mgr, engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._mgr, name)
+
+    def can_allocate(self, seq: Any, *args: Any) -> Any:
+        answer = self._mgr.can_allocate(seq, *args)
+        if answer is False or answer is None or (type(answer) is int and answer < 0):
+            self._engine.on_call(seq, "admit", ok=False)
+        return answer
+
+    def allocate(self, seq: Any, *args: Any) -> Any:
+        fresh = not list(seq.block_table)
+        result = self._mgr.allocate(seq, *args)
+        self._engine.on_call(seq, "admit" if fresh else "grow", new=args[-1] if args and not fresh else None)
+        return result
+
+    def can_append(self, seq: Any) -> Any:
+        answer = self._mgr.can_append(seq)
+        if not answer:
+            self._engine.on_call(seq, "grow", ok=False)
+        return answer
+
+    def may_append(self, seq: Any) -> Any:
+        result = self._mgr.may_append(seq)
+        self._engine.on_call(seq, "grow")
+        return result
+
+    def deallocate(self, seq: Any) -> Any:
+        result = self._mgr.deallocate(seq)
+        self._engine.on_call(seq, "preempt" if self._engine.phase == "schedule" else "finish")
+        return result
+
+
 class NanoEngineDriver:
     """An EngineDriver (``kvspec.engine.protocol``) over a nano-vllm package's Scheduler."""
 
@@ -271,6 +129,11 @@ class NanoEngineDriver:
         if self.view.bs != block_size or getattr(mgr, "block_size", block_size) != block_size:
             raise TargetError(f"target {parts.name}: its BlockManager keeps block size "
                               f"{getattr(mgr, 'block_size', '?')}, not the run's {block_size}")
+        self.sched.block_manager = _Recorder(mgr, self)
+        self.phase = "idle"                 # "schedule" while schedule() runs: a deallocate then is a preemption
+        self.calls: list[ManagerCall] = []
+        self.refused: dict[str, ManagerCall] = {}  # req -> its latest refused can_append in this schedule()
+        self.seen: dict[str, int] = {}      # req -> its length at its last recorded manager call
         self.seqs: dict[str, Any] = {}      # live requests (waiting or running)
         self.req_of: dict[int, str] = {}    # id(seq) -> req
         self.max_tokens: dict[str, int] = {}
@@ -297,14 +160,18 @@ class NanoEngineDriver:
         if sch.is_finished():
             return StepFacts(scheduled={})
         was_running = {r for r in self._reqs(sch.running)}
-        result = sch.schedule()
+        self.phase = "schedule"
+        try:
+            result = sch.schedule()
+        finally:
+            self.phase = "update"
+            self.calls += self.refused.values()  # refusals the scheduler kept (neither appended nor preempted)
+            self.refused.clear()
         seqs, is_prefill = (list(result[0]), result[1]) if isinstance(result, tuple) else (list(result), None)
-        running, waiting = set(self._reqs(sch.running)), set(self._reqs(sch.waiting))
+        waiting = set(self._reqs(sch.waiting))
         preempted = tuple(sorted(r for r in was_running if r in waiting))
         for r in preempted:
             self.done[r] = 0
-        for r in running - was_running:  # admitted this step: the prefix hit is computed
-            self.done[r] = _int(self.seqs[r], "num_cached_tokens")
         scheduled, slots, start = {}, {}, {}
         for seq in seqs:
             r = self.req_of[id(seq)]
@@ -327,22 +194,24 @@ class NanoEngineDriver:
         if seq is None:
             return
         sch = self.sched
+        self.phase = "abort"
         if self.native_abort is not None:
             fn = getattr(sch, self.native_abort)
             fn(getattr(seq, "seq_id", seq) if _positional(fn) and not _takes_seq(fn) else seq)
-        elif any(s is seq for s in sch.waiting):
-            sch.waiting.remove(seq)
-        elif any(s is seq for s in sch.running):
+        else:  # through the recorder: a finish (of a waiting request's empty table: nano-vllm's no-op)
             _mark(seq, "FINISHED")
             sch.block_manager.deallocate(seq)
-            sch.running.remove(seq)
+            for queue in (sch.waiting, sch.running):
+                if any(s is seq for s in queue):
+                    queue.remove(seq)
+        self.phase = "idle"
         self._forget(req)
 
     def observe(self) -> Observation:
         self.view.seqs = dict(self.seqs)
         self.view.running = {r for r, s in self.seqs.items() if list(s.block_table)}
         obs = self.view.observe()
-        return dataclasses.replace(obs, requests={r: RequestState(rs.table, self.done[r])
+        return dataclasses.replace(obs, requests={r: RequestState(rs.table, self.done.get(r, 0))
                                                   for r, rs in obs.requests.items()})
 
     def tables(self) -> dict[str, tuple[int, ...]]:
@@ -353,6 +222,52 @@ class NanoEngineDriver:
 
     def tokens(self) -> dict[str, tuple[int, ...]]:
         return {r: tuple(s.token_ids) for r, s in self.seqs.items()}
+
+    def manager_calls(self) -> list[ManagerCall]:
+        """The block manager calls of the last engine event, in order (and forgets them)."""
+        calls, self.calls = self.calls, []
+        return calls
+
+    def on_call(self, seq: Any, kind: str, ok: bool = True, new: Optional[int] = None) -> None:
+        """Record one manager call (``_Recorder``), with the state right after it. A
+        ``may_append`` for a token that is no newer than the last successful allocation saw
+        (voxcpm's first decode of a wholly cached prompt recomputes its last token in place,
+        in the slot its admission already holds) allocates nothing and is not a growth: not
+        recorded."""
+        r = self.req_of.get(id(seq))
+        if r is None:
+            return
+        n, before = len(seq), self.seen.get(r)
+        if kind == "admit":
+            hit = _int(seq, "num_cached_tokens") if ok else 0
+            new = (n - hit) if new is None else new
+            if ok:
+                self.done[r] = hit + new
+            call = ManagerCall("admit", r, tuple(seq.token_ids), new=new, hit=hit, ok=ok)
+        elif kind == "grow":
+            if ok and new is None and before is not None and n <= before:
+                return
+            new = 1 if new is None else new
+            if ok:
+                self.done[r] = self.done.get(r, 0) + new
+            call = ManagerCall("grow", r, tuple(seq.token_ids), new=new, ok=ok)
+        else:
+            self.done[r] = 0
+            call = ManagerCall(kind, r, tuple(seq.token_ids))
+        if ok and kind in ("admit", "grow"):
+            self.seen[r] = n
+        call = dataclasses.replace(call, obs=self.observe())
+        # A refused can_append is a question the scheduler asks again after each preemption it
+        # makes for that sequence: only the last refusal counts, and only if the sequence is
+        # then preempted itself (nano-vllm's engine never appends after a refusal it keeps).
+        if kind == "grow" and not ok:
+            self.refused[r] = call
+            return
+        if kind == "grow":
+            self.refused.pop(r, None)
+        elif r in self.refused:
+            self.calls.append(self.refused.pop(r))
+        self.calls.append(call)
 
     # -- helpers -----------------------------------------------------------------------------
     def _reqs(self, queue: Any) -> list[str]:
@@ -390,6 +305,7 @@ class NanoEngineDriver:
         self.req_of.pop(id(seq), None)
         self.max_tokens.pop(req, None)
         self.done.pop(req, None)
+        self.seen.pop(req, None)
 
 
 def _set_max_tokens(seq: Any, n: int) -> None:
@@ -431,3 +347,39 @@ def _takes_seq(fn: Callable) -> bool:
         return False
     return first.name in ("seq", "sequence") or "Sequence" in str(first.annotation)
 
+
+
+# -- the targets' engine ---------------------------------------------------------------------------
+_PARTS: dict[tuple, EngineParts] = {}  # loaded once per (package or file, patch): examples build drivers
+
+
+def has_scheduler(target: Any) -> bool:
+    """Whether a nano-vllm-style target ships a scheduler the engine level can drive."""
+    package = getattr(target, "package", None)
+    if package:
+        from kvspec.targets.nano_loader import package_dir
+        try:
+            return (package_dir(package) / "engine" / "scheduler.py").is_file()
+        except TargetError:
+            return False
+    source = getattr(target, "source", None)
+    try:
+        return source is not None and scheduler_file(Path(source)).is_file()
+    except TargetError:
+        return False
+
+
+def engine_driver_for(target: Any, config: Config) -> NanoEngineDriver:
+    """The engine of a ``nanovllm[:PKG]`` target (``target.package``) or of a user's
+    nano-vllm-style FILE target (``target.source``: the manager's file, with the package's
+    ``scheduler.py`` beside it), patched with ``target.patch_text`` where it has one."""
+    package, patch = getattr(target, "package", None), getattr(target, "patch_text", None)
+    if not package and getattr(target, "source", None) is None:
+        raise TargetError(f"target {getattr(target, 'name', target)}: not a nano-vllm-style target")
+    if not config.caching:
+        raise TargetError(f"target {getattr(target, 'name', target)}: nano-vllm's engine always caches "
+                          f"prefixes (its Config has no switch)")
+    key = (package or str(target.source), patch)
+    if key not in _PARTS:
+        _PARTS[key] = load_package_engine(package, patch) if package else load_file_engine(Path(target.source), patch)
+    return NanoEngineDriver(_PARTS[key], config.num_blocks, config.block_size)

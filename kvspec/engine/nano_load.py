@@ -1,0 +1,202 @@
+"""Loading a nano-vllm package's scheduler for the engine level (``nano_engine``), and the
+stand-in config it is built with.
+
+Loading. As for the cache level (``kvspec.targets.nano_loader``): the package's
+``__init__`` is never run (torch models, flash-attn, torch_npu); the scheduler module's
+own imports of the package's ``config`` module (transformers' AutoConfig) get a stand-in
+whose ``Config`` cannot be built: the scheduler reads its settings off the object it is
+given and names the class only in annotations. A FILE target is imported as the cache
+level imports it (``file_import.import_in_package``: stand-ins for missing modules). A
+``patch`` is applied to temporary copies, scheduler included.
+
+The config. nano-vllm's ``Config`` needs a Hugging Face model directory, so the driver
+builds a stand-in with exactly the fields the scheduler reads: ``config.X`` in the
+``Scheduler`` class's source, found with ``ast`` at load. Each gets kvspec's value where
+kvspec sets it (the pool, the block size, an ``eos`` the sampler never produces, a token
+budget and model length of the whole pool, which is what nano-vllm's own ``Config`` asks:
+``max_num_batched_tokens >= max_model_len``), else the default of that field in the
+package's ``config.py`` (read with ``ast``), else the load fails in one line.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+import textwrap
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from kvspec.errors import TargetError
+
+
+@dataclass
+class EngineParts:
+    """What the engine level loads from a package: its Scheduler, the BlockManager and
+    Sequence classes that scheduler module uses, and the package's ``config.py``."""
+    scheduler_cls: type
+    manager_cls: type
+    seq_cls: type
+    config_file: Optional[Path]
+    name: str
+    scheduler_file: Optional[Path] = None  # the source the Scheduler was loaded from (a patched copy too)
+
+
+# -- loading -------------------------------------------------------------------------------
+class _UnbuildableConfig:
+    """Stands in for the package's ``Config`` in its scheduler module: building it would load
+    a model directory."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TargetError("the scheduler builds its package's Config, which needs a model directory: "
+                          "kvspec gives it a stand-in config object instead")
+
+
+def _parts(module: types.ModuleType, name: str, config_file: Optional[Path]) -> EngineParts:
+    sched = getattr(module, "Scheduler", None)
+    if not isinstance(sched, type):
+        raise TargetError(f"target {name}: {module.__name__} defines no class Scheduler")
+    found = {}
+    for attr in ("BlockManager", "Sequence"):
+        v = module.__dict__.get(attr)
+        if not isinstance(v, type):
+            raise TargetError(f"target {name}: {module.__name__} does not import a class {attr} "
+                              f"(the engine level reads the manager and the Sequence its scheduler uses)")
+        found[attr] = v
+    f = getattr(module, "__file__", None)
+    return EngineParts(sched, found["BlockManager"], found["Sequence"], config_file, name, Path(f) if f else None)
+
+
+def load_package_engine(package: str = "nanovllm", patch_text: Optional[str] = None) -> EngineParts:
+    """The Scheduler of the installed ``package`` (``PKG/engine/scheduler.py``), with the
+    BlockManager and Sequence its module imports; patched if ``patch_text``."""
+    import importlib
+
+    from kvspec.targets.nano_loader import import_overlay, module_name, package_dir, patched_files
+    from kvspec.targets.stub_import import stand_ins
+
+    name = "nanovllm" if package == "nanovllm" else f"nanovllm:{package}"
+    pkg_dir = package_dir(package)
+    engine = pkg_dir / "engine"
+    if not (engine / "scheduler.py").is_file():
+        raise TargetError(f"target {name}: {engine}/scheduler.py does not exist (the engine level drives the "
+                          f"package's own Scheduler)")
+    mods = [f"{package}.engine.{m}" for m in ("sequence", "block_manager", "scheduler")]
+    leaves = {f"{package}.config": {"Config": _UnbuildableConfig}}
+    try:
+        with stand_ins(pkg_dir, (package, f"{package}.engine"), leaves):
+            if patch_text is None:
+                mod = [importlib.import_module(m) for m in mods][-1]
+            else:
+                files = {module_name(rel): f for rel, f in
+                         patched_files(pkg_dir.parent, f"{package}/", patch_text, f"nanoengine_{package}").items()}
+                for m in mods:  # re-run all three, so each binds the patched others
+                    files.setdefault(m, engine / f"{m.rsplit('.', 1)[1]}.py")
+                with import_overlay(files):
+                    mod = [importlib.import_module(m) for m in mods][-1]
+    except TargetError:
+        raise
+    except Exception as e:  # a missing dependency, or the module's own failure
+        raise TargetError(f"target {name}: cannot import {mods[-1]}: {type(e).__name__}: {e}") from None
+    cfg = pkg_dir / "config.py"
+    return _parts(mod, name, cfg if cfg.is_file() else None)
+
+
+def scheduler_file(path: Path) -> Path:
+    """The ``scheduler.py`` of a FILE target: the file itself, or the one beside it."""
+    path = path.resolve()
+    f = path if path.name == "scheduler.py" else (path if path.is_dir() else path.parent) / "scheduler.py"
+    if not f.is_file():
+        raise TargetError(f"target {path}: no scheduler.py beside it (--level engine drives the package's own "
+                          f"Scheduler; use --level cache for a block manager alone)")
+    return f
+
+
+def load_file_engine(path: Path, patch_text: Optional[str] = None) -> EngineParts:
+    """The Scheduler in the ``scheduler.py`` beside ``path``, imported in its package (see
+    the module doc); ``patch_text``: a diff relative to the package root's parent."""
+    from kvspec.targets.file_import import import_in_package, package_root
+    from kvspec.targets.nano_loader import module_name, patched_files
+
+    sched = scheduler_file(Path(path))
+    found = package_root(sched)
+    if found is None:
+        raise TargetError(f"target {path}: {sched} is in no package (its scheduler imports the block manager "
+                          f"by the package's name)")
+    root, modname = found
+    files = None
+    if patch_text is not None:
+        files = {module_name(rel): f for rel, f in patched_files(root, "", patch_text, "nanoengine_file").items()}
+        for f in sched.parent.glob("*.py"):  # re-run the engine modules so each binds the patched others
+            files.setdefault(f"{modname.rsplit('.', 1)[0]}.{f.stem}", f)
+    try:
+        mod = import_in_package(root, modname, lambda line: print(line, file=sys.stderr), files)
+    except TargetError:
+        raise
+    except Exception as e:
+        raise TargetError(f"target {path}: cannot import {modname}: {type(e).__name__}: {e}") from None
+    top = root / modname.split(".", 1)[0] / "config.py"
+    return _parts(mod, str(path), top if top.is_file() else None)
+
+
+# -- the stand-in config ---------------------------------------------------------------------
+def config_reads(scheduler_cls: type, source: Optional[Path] = None) -> list[str]:
+    """The ``config.X`` fields the Scheduler's source reads (the parameter ``config`` of its
+    ``__init__``, or ``self.config``), in order of appearance. ``source``: the file it was
+    loaded from (a patched module is gone from ``sys.modules`` once loaded)."""
+    try:
+        if source is not None:
+            tree = next(n for n in ast.walk(ast.parse(source.read_text(encoding="utf-8", errors="replace")))
+                        if isinstance(n, ast.ClassDef) and n.name == scheduler_cls.__name__)
+        else:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(scheduler_cls)))
+    except (OSError, TypeError, SyntaxError, ValueError, StopIteration):
+        return []
+    init = inspect.signature(scheduler_cls.__init__).parameters
+    param = next((p for p in list(init)[1:2]), "config")
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        v = node.value
+        direct = isinstance(v, ast.Name) and v.id == param
+        via_self = isinstance(v, ast.Attribute) and v.attr == param and isinstance(v.value, ast.Name) \
+            and v.value.id == "self"
+        if (direct or via_self) and node.attr not in out:
+            out.append(node.attr)
+    return out
+
+
+def config_defaults(config_file: Optional[Path]) -> dict[str, Any]:
+    """Literal field defaults of the ``Config`` class in the package's ``config.py``."""
+    if config_file is None:
+        return {}
+    try:
+        tree = ast.parse(config_file.read_text(encoding="utf-8", errors="replace"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config"):
+        for st in cls.body:
+            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None:
+                try:
+                    out[st.target.id] = ast.literal_eval(st.value)
+                except ValueError:
+                    continue
+    return out
+
+
+def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> types.SimpleNamespace:
+    """The object the Scheduler is built with (see the module doc)."""
+    defaults = config_defaults(parts.config_file)
+    cfg = {}
+    for f in config_reads(parts.scheduler_cls, parts.scheduler_file):
+        if f in values:
+            cfg[f] = values[f]
+        elif f in defaults:
+            cfg[f] = defaults[f]
+        else:
+            raise TargetError(f"target {parts.name}: its Scheduler reads config.{f}, which kvspec does not set and "
+                              f"the package's Config gives no literal default for")
+    return types.SimpleNamespace(**cfg)
