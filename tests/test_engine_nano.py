@@ -104,7 +104,7 @@ def program(rng: random.Random, bs: int, max_len: int, aborts: bool = True, n_op
     for _ in range(n_ops):
         x = rng.random()
         if x < 0.35 and n < 4:
-            prompt = tuple(rng.choice((1, 2)) for _ in range(rng.randint(1, 3 * bs)))
+            prompt = tuple(rng.choice((1, 2)) for _ in range(rng.randint(1, min(3 * bs, max_len - 1))))
             ops.append(("arrive", f"r{n}", prompt, rng.randint(1, min(3, max_len - len(prompt)))))
             n += 1
         elif x < 0.92 or n == 0 or not aborts:
@@ -292,6 +292,32 @@ def test_fork_with_both_fixes_passes_engine_steps():
     assert steps > 300
 
 
+# The shortest programs found (seeded search, then one op at a time removed while the finding
+# stays): arrivals only, then engine steps until the engine is idle. Block size 2.
+MINIMAL = [
+    ("nanovllm", None, 3, [("arrive", "r1", (2, 1, 1, 1), 2), ("arrive", "r2", (2, 1), 2)], {}, "MAX_HIT"),
+    ("nanovllm", FORK_FIX, 3, [("arrive", "r1", (1, 1, 2), 3), ("arrive", "r2", (1,), 3)], {},
+     "NO_CRASH: IndexError"),
+    ("nanovllm_voxcpm", None, 4, [("arrive", "r0", (1, 1, 1, 2, 1), 2), ("arrive", "r1", (1, 2, 1, 1, 1, 2), 1),
+                                  ("arrive", "r2", (1, 1, 1, 2, 1, 2), 2)],
+     {"whole_prompt_hits": True, "ignore": ("INDEX_CONSISTENT",)}, "KV_INTEGRITY"),
+    ("nanovllmnpu", None, 3, [("arrive", "r0", (2,), 2), ("arrive", "r1", (1, 2, 2, 1), 1),
+                              ("arrive", "r2", (1, 1, 1, 2), 1), ("arrive", "r3", (1, 2, 1), 2)],
+     {"ignore": ("MAX_HIT", "INDEX_CONSISTENT")}, "KV_INTEGRITY"),
+]
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("package,patch,blocks,ops,check,invariant", MINIMAL,
+                         ids=["fork-max-hit", "fork-preempt-crash", "voxcpm-wrong-kv", "npu-wrong-kv"])
+def test_minimal_programs(package, patch, blocks, ops, check, invariant):
+    if importlib.util.find_spec(package) is None:
+        pytest.skip(f"{package} is not installed: pip install --no-deps -r requirements/upstream.txt")
+    parts = load_package_engine(package, patch.read_text() if patch else None)
+    v, _ = run_program(parts, ops, blocks, 2, **check)
+    assert v is not None and v.startswith(invariant), v
+
+
 @pytest.mark.upstream
 @_needs("nanovllm_voxcpm", "nano-vllm-voxcpm")
 def test_voxcpm_known_bug_through_its_own_scheduler():
@@ -335,3 +361,61 @@ def test_npu_with_its_fix_passes():
     v, ops, n, steps = search(load_package_engine("nanovllmnpu", NPU_FIX.read_text()), 60)
     assert v is None, (v, ops)
     assert steps > 300
+
+
+# -- through the engine-level session (the cache-level model and the whole catalogue) ---------------
+def session_run(package: str, patch: Optional[str], programs: list[list[tuple]], blocks: int = 5):
+    """(the first finding, its program) of ``programs`` through kvspec.engine.session.EngineSession."""
+    from kvspec.engine.nano_engine import engine_driver_for
+    from kvspec.engine.session import EngineSession
+    from kvspec.spec.config import Config
+    from kvspec.spec.ops import Abort, Arrive, EngineStep
+    from kvspec.targets.nanovllm_target import NanoVllmTarget
+
+    target = NanoVllmTarget(package)
+    target.patch_text = patch
+    target.engine_driver = lambda config: engine_driver_for(target, config)
+    for prog in programs:
+        s = EngineSession(target, Config(level="engine", num_blocks=blocks, block_size=2, caching=True))
+        ops = [Arrive(o[1], o[2], o[3]) if o[0] == "arrive" else Abort(o[1]) if o[0] == "abort"
+               else EngineStep(token=o[1]) for o in prog]
+        for op in ops + [EngineStep(token=3)] * 30:
+            found = s.apply(op)
+            if found:
+                return found[0], prog
+            if isinstance(op, EngineStep) and s.engine.sched.is_finished() and len(s.steps) > len(ops):
+                break
+    return None, None
+
+
+def _programs(n: int, seed: int = 0, aborts: bool = False) -> list[list[tuple]]:
+    rng = random.Random(seed)
+    return [program(rng, 2, 10, aborts) for _ in range(n)]
+
+
+@pytest.mark.upstream
+@_needs("nanovllm", "nano-vllm-fork")
+def test_session_fork_findings_and_both_fixes():
+    v, prog = session_run("nanovllm", None, [MINIMAL[0][3]], blocks=3)
+    assert v is not None and v.invariant == "MAX_HIT" and "scheduler's call Admit" in v.message, v
+    v, prog = session_run("nanovllm", FORK_FIX.read_text(), [MINIMAL[1][3]], blocks=3)
+    assert v is not None and v.invariant == "NO_CRASH" and "IndexError" in v.message, v
+    fixes = FORK_FIX.read_text() + (DATA / "fork_preempt_leaves_running.diff").read_text()
+    v, prog = session_run("nanovllm", fixes, _programs(40))
+    assert v is None, (v, prog)
+
+
+@pytest.mark.upstream
+@_needs("nanovllmnpu", "nano-vllm-npu")
+def test_session_npu_stale_entry_and_fix():
+    v, prog = session_run("nanovllmnpu", None, _programs(20))
+    assert v is not None and v.invariant in ("INDEX_CONSISTENT", "MAX_HIT", "KV_INTEGRITY"), v
+    v, prog = session_run("nanovllmnpu", NPU_FIX.read_text(), _programs(40))
+    assert v is None, (v, prog)
+
+
+@pytest.mark.upstream
+@_needs("nanovllm_voxcpm", "nano-vllm-voxcpm")
+def test_session_voxcpm_stale_entry():
+    v, prog = session_run("nanovllm_voxcpm", None, _programs(20, aborts=True))
+    assert v is not None and v.invariant == "INDEX_CONSISTENT", v
