@@ -175,3 +175,49 @@ def test_the_readme_strict_example_gets_its_hint_and_a_clean_continued_search(ca
     assert rc == 1 and out["violations"][0]["invariant"] == "NO_LEAK"
     assert [h["declare"] for h in out["violations"][0]["hints"]] == ["admit_all_blocks = true"]
     assert [a["verdict"] for a in out["assuming"]] == ["pass"]
+
+
+def _lazy_free_deque(src: str) -> str:
+    """A lazily cleaned free deque (a set holds the truth): a revived block's entry stays in
+    the deque, so when it is freed again it is reused from its old place."""
+    edits = [
+        ("        self.used_block_ids: set[int] = set()\n",
+         "        self.used_block_ids: set[int] = set()\n        self.free_block_set = set(range(num_blocks))\n"),
+        ("        block_id = self.free_block_ids.popleft()\n",
+         "        block_id = self.free_block_ids.popleft()\n        while block_id not in self.free_block_set:\n"
+         "            block_id = self.free_block_ids.popleft()\n        self.free_block_set.discard(block_id)\n"),
+        ("                self.free_block_ids.remove(block_id)\n", "                self.free_block_set.discard(block_id)\n"),
+        ("                self.free_block_ids.append(block_id)\n        seq.num_cached_tokens = 0",
+         "                self.free_block_ids.append(block_id)\n                self.free_block_set.add(block_id)\n"
+         "        seq.num_cached_tokens = 0"),
+        ("        return len(self.free_block_ids) >= seq.num_blocks", "        return len(self.free_block_set) >= seq.num_blocks"),
+        ("        return len(self.free_block_ids) >= (len(seq)", "        return len(self.free_block_set) >= (len(seq)"),
+    ]
+    for old, new in edits:
+        assert old in src, old
+        src = src.replace(old, new)
+    return src
+
+
+def test_a_lazy_free_deque_is_read_and_its_order_no_policy_explains_is_a_bug(tmp_path, capsys):
+    # not a false I1 (the set holds the truth), and no declarable free order fits its order
+    rc, d = _check(capsys, _write(tmp_path, "lazy_deque", _lazy_free_deque(EXAMPLE)), tmp_path, n=150)
+    first = d["violations"][0]
+    assert rc == 1 and first["invariant"] == "EVICTION_ORDER" and first["label"] == "bug"
+    assert not first["hints"]
+
+
+def test_a_hint_the_continued_search_disproves_turns_the_finding_into_a_bug():
+    from types import SimpleNamespace as NS
+    from kvspec.check.hints import disprove
+    mru, fifo = Hint("free_order", "mru"), Hint("free_order", "fifo")
+    first = NS(label="policy", invariant="EVICTION_ORDER", hints=[mru, fifo], disproved=None)
+    other = NS(label="policy", invariant="NO_LEAK", hints=[Hint("admit_all_blocks", True)], disproved=None)
+    again = NS(label="bug", invariant="EVICTION_ORDER", steps=[1, 2], hints=[])
+    disprove(NS(violations=[first, other]), mru, NS(violations=[again]))
+    assert first.label == "bug" and '`free_order = "mru"` passes this repro' in first.disproved
+    assert other.label == "policy" and other.disproved is None  # another invariant: untouched
+    explained = NS(label="policy", invariant="EVICTION_ORDER", hints=[mru], disproved=None)
+    disprove(NS(violations=[explained]), mru, NS(violations=[NS(label="policy", invariant="EVICTION_ORDER",
+                                                                   steps=[1], hints=[fifo])]))
+    assert explained.label == "policy"  # the next finding has a hint of its own: nothing disproved

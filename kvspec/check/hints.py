@@ -149,8 +149,26 @@ def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str,
                               error=f"{type(e).__name__}: {e}")
         for x in sub.violations:
             label(hinted, x)
+        disprove(last, h, sub)
         report.assuming.append(Assumption(dict(assumed), sub))
         last = spent = sub
+
+
+def disprove(previous: Any, hint: Hint, sub: Any) -> None:
+    """A hint passes one repro; it explains the behaviour only if the search under it does
+    not find the same invariant broken again in a way no value explains. Where it does
+    (a lazily cleaned free list whose order is neither LRU nor FIFO: one repro passes
+    under MRU, the next under no order), the earlier finding is relabelled a bug."""
+    again = next((x for x in sub.violations if x.label == "bug"), None)
+    if again is None:
+        return
+    for f in previous.violations:
+        if (f.label == "policy" and f.invariant == again.invariant
+                and all(h.key == hint.key for h in f.hints) and any(h == hint for h in f.hints)):
+            f.label = "bug"
+            f.disproved = (f"`{hint.declare}` passes this repro, but assuming it kvspec found "
+                           f"{title(again.invariant)} again in {len(again.steps)} steps, which no declarable "
+                           f"{hint.key} explains")
 
 
 PROBE_EXAMPLES = 25  # per level: a short search that tells two hints for one finding apart
@@ -206,6 +224,8 @@ class Assumption:
 def finding_lines(f: Any, indent: str = "  ") -> list[str]:
     """A finding's hints, or its bug label, for the text report."""
     hints = getattr(f, "hints", None) or []
+    if getattr(f, "disproved", None):
+        return [f"{indent}{BUG}: {f.disproved}"]
     if hints:
         return [f"{indent}policy hint: {h.text}" for h in hints]
     return [f"{indent}{BUG}"] if getattr(f, "label", None) == "bug" else []

@@ -42,6 +42,7 @@ class Finding:
     examples_to_failure: Optional[int] = None  # examples run (all levels) when it was found
     hints: list = field(default_factory=list)  # kvspec.check.hints.Hint: policies under which the repro passes
     label: Optional[str] = None  # "policy" (hints), "bug" (no declarable policy explains it), None: not asked
+    disproved: Optional[str] = None  # why its hints, though they pass its repro, do not explain the behaviour
 
     @property
     def invariant(self) -> str:
@@ -57,7 +58,7 @@ class Finding:
             "shrunk_steps": self.shrunk_steps, "minimal": self.minimal, "repro": self.repro,
             "seconds_to_failure": None if self.seconds_to_failure is None else round(self.seconds_to_failure, 3),
             "examples_to_failure": self.examples_to_failure,
-            "hints": [h.to_dict() for h in self.hints], "label": self.label,
+            "hints": [h.to_dict() for h in self.hints], "label": self.label, "disproved": self.disproved,
             "target_output": getattr(v, "target_output", ""),
         }
 

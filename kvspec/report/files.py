@@ -303,7 +303,7 @@ def check_junit(report) -> bytes:
                    ("declaration", getattr(report, "declaration", ""))):
         ET.SubElement(props, "property", name=k, value=str(val))
     for f in report.violations:
-        for h in getattr(f, "hints", None) or ():
+        for h in () if getattr(f, "disproved", None) else getattr(f, "hints", None) or ():
             ET.SubElement(props, "property", name="policy_hint", value=f"{title(f.invariant)}: {h.text}")
     for a in getattr(report, "assuming", ()):
         ET.SubElement(props, "property", name="assuming", value=a.heading)

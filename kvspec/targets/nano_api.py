@@ -156,11 +156,36 @@ def own_block_size(cls: type, seq_cls: Optional[type] = None) -> Optional[int]:
     return None
 
 
+def tied_block_size(seq_cls: Optional[type]) -> Optional[int]:
+    """The package Sequence's own block size where other sizes of the class are tied to it
+    (``block_size = 256; logical_page_size = 32``: pages divide blocks). The package's
+    scheduler sets them together from its config; kvspec sets only block_size, so a run at
+    another block size would break the tie (a page larger than a block) and report kvspec's
+    inconsistency as the manager's crash. Such a Sequence runs at its own block size, with
+    the machines' requests scaled to it (``Scale``)."""
+    from kvspec.targets.nano_sequence import Sequence as OwnSequence
+    if seq_cls is None or seq_cls is OwnSequence:
+        return None
+    own = getattr(seq_cls, "block_size", None)
+    if not isinstance(own, int) or isinstance(own, bool) or own <= 1:
+        return None
+    for klass in seq_cls.__mro__:
+        for name, v in vars(klass).items():
+            if (name != "block_size" and "size" in name and isinstance(v, int) and not isinstance(v, bool)
+                    and 1 < v < own and own % v == 0):
+                return own
+    return None
+
+
 def build_manager(cls: type, make: Optional[Callable[..., Any]], num_blocks: int, block_size: int,
                   caching: bool, seq_cls: Optional[type] = None) -> Any:
     """``(make or cls)(num_blocks, block_size[, enable_prefix_caching=caching])``; where the
-    constructor refuses ``block_size`` (AssertionError, ValueError), with the class's own."""
+    constructor refuses ``block_size`` (AssertionError, ValueError), with the class's own;
+    where the package's Sequence ties other sizes to its block size, with that one."""
     build = make or cls
+    tied = tied_block_size(seq_cls)
+    if tied is not None and tied > block_size:
+        block_size = tied
     switch = caching_switch(build if make is not None else cls)
     kw = {switch: caching} if switch else {}
     try:

@@ -458,6 +458,7 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}") from None
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
+        check_scheduler_calls(spec, base)  # nor does the package's scheduler call what kvspec would not
         if pcls is not cls:
             check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake, source=source))
         try:
@@ -475,6 +476,27 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         return _vllm_target(name, api, pmake or pcls, pcls, source)
     _impl_target(spec, api, cls, make or cls, module, source, note=False)  # the unpatched class must pass the shape checks
     return _impl_target(name, api, pcls, pmake or pcls, pmodule, source)
+
+
+def check_scheduler_calls(spec: str, target: Any) -> None:
+    """Refuse (one line) a manager whose package's scheduler makes state-changing calls that
+    kvspec's cache level does not (``kvspec.targets.scheduler_calls``): findings there
+    could be kvspec's missing call, not the user's bug."""
+    from kvspec.targets.contract import nano_styles
+    from kvspec.targets.names import MANAGER_FIELDS, MANAGER_METHODS
+    from kvspec.targets.scheduler_calls import optional_note, refusal, undriven_calls
+    cls = target.manager_cls
+    style = next((s for s in nano_styles() if s.style == target.api), None)
+    kvspec_calls = {c.method for c in style.calls} if style is not None else set()
+    driven = {target.names.resolve(cls, m) or m for m in kvspec_calls | set(MANAGER_METHODS)}
+    driven |= {m for ms in (target.protocol or {}).values() for m in ms}
+    observed = {n for f in MANAGER_FIELDS for n in (target.names.declared.get(f, f), "_" + f)}
+    calls = undriven_calls(cls, target.source, driven, observed)
+    always = [c for c in calls if not c.flag]
+    if always:
+        raise TargetError(refusal(spec, always, Path.cwd()))
+    if calls:
+        _note(f"kvspec: note: {optional_note(calls, Path.cwd())}")
 
 
 def _why_unbuilt(message: str, build: Any) -> str:
