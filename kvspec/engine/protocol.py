@@ -73,4 +73,5 @@ class ManagerCall:
     external: int = 0              # tokens a connector supplies (admit)
     extra: Optional[str] = None    # the request's extra keys (admit)
     ok: bool = True                # the allocation succeeded
+    whole: bool = False            # an admission gated on room for the whole sequence, not only this chunk
     obs: Optional[Observation] = None  # the KV manager right after the call

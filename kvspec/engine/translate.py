@@ -4,7 +4,9 @@ model (``kvspec.spec.model``) and one invariant catalogue judge both levels.
 The scheduler's calls map onto the cache-level vocabulary one for one:
 
 - ``admit`` (a waiting or preempted request gets slots): ``Admit`` with ``chunk`` the
-  tokens it computes now; a request the model has already seen is re-admitted
+  tokens it computes now (a refused admission that was gated on room for the whole
+  sequence, vLLM's ``scheduler_reserve_full_isl``, is the model's whole-prompt ``Admit``:
+  both refuse exactly when the whole sequence does not fit); a request the model has already seen is re-admitted
   (``prompt=None``) with the tokens the engine gave it meanwhile (sampled while it ran,
   before its preemption: a waiting request's tokens are the engine's to decide);
 - ``grow`` (a running request gets slots): ``Step`` when the engine appended one sampled
@@ -31,7 +33,7 @@ def translate(call: ManagerCall, model: Any) -> tuple[Op, Any]:
     q = model.reqs.get(call.req)
     if call.kind == "admit":
         todo = len(call.tokens) - call.hit - call.external
-        chunk = None if call.new >= todo else call.new
+        chunk = None if call.new >= todo or (call.whole and not call.ok) else call.new
         result = call.hit if call.ok else None
         if q is None:
             return Admit(call.req, tuple(call.tokens), chunk, call.extra, call.external), result

@@ -153,7 +153,8 @@ class VllmEngine:
             self._computed[rid] = (hit + ext if admit else before) + new
         self._calls.append(ManagerCall("admit" if admit else "grow", rid, tuple(request.all_token_ids), new=new,
                                        hit=hit if admit else 0, external=ext if admit else 0,
-                                       extra=self.extras.get(rid) if admit else None, ok=ok, obs=self.observe()))
+                                       extra=self.extras.get(rid) if admit else None, ok=ok,
+                                       whole=bool(args.get("full_sequence_must_fit", False)), obs=self.observe()))
 
     def on_free(self, request: Any, preempt: bool) -> None:
         rid = request.request_id
