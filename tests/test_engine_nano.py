@@ -206,6 +206,37 @@ def test_tiny_scheduler_bug_is_found(diff, invariant):
     assert v is not None and v.startswith(invariant), (v, ops)
 
 
+CHUNK = DATA / "nanochunk" / "engine" / "block_manager.py"
+
+
+def test_chunked_prefill_chunks_are_the_schedulers():
+    """nanochunk computes prompts in chunks of its Config's chunk_size (3), next to decodes:
+    the facts and the manager calls are its decisions."""
+    drv = NanoEngineDriver(load_file_engine(CHUNK), 6, 2)
+    drv.arrive("a", (1, 2, 1, 2, 1), 2)
+    drv.arrive("b", (2, 2, 2, 2), 2)
+    f = drv.step(lambda r, p: 9)
+    assert f.scheduled == {"a": 3} and f.start == {"a": 0}
+    assert [(c.kind, c.req, c.new) for c in drv.manager_calls()] == [("admit", "a", 3)]
+    f = drv.step(lambda r, p: 9)
+    assert f.scheduled == {"a": 2, "b": 1} and f.start == {"a": 3, "b": 0}
+    assert [(c.kind, c.req, c.new) for c in drv.manager_calls()] == [("grow", "a", 2), ("admit", "b", 1)]
+    assert drv.computed() == {"a": 5, "b": 1} and drv.tokens()["a"] == (1, 2, 1, 2, 1, 9)
+
+
+@pytest.mark.parametrize("blocks", [5, 3])
+def test_chunked_scheduler_passes(blocks):
+    v, ops, n, steps = search(load_file_engine(CHUNK), 60, num_blocks=blocks)
+    assert v is None, (v, ops)
+    assert steps > 300
+
+
+def test_chunked_manager_bug_is_found():
+    parts = load_file_engine(CHUNK, (DATA / "chunk_room_forgets_computed.diff").read_text())
+    v, ops, n, _ = search(parts, 60)
+    assert v is not None and v.startswith("SLOTS"), (v, ops)
+
+
 def test_abort_of_a_package_without_one_frees_like_its_finish():
     drv = NanoEngineDriver(load_file_engine(TINY), 5, 2)
     assert drv.native_abort is None

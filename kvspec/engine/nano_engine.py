@@ -72,7 +72,7 @@ class _Recorder:
     def allocate(self, seq: Any, *args: Any) -> Any:
         fresh = not list(seq.block_table)
         result = self._mgr.allocate(seq, *args)
-        self._engine.on_call(seq, "admit" if fresh else "grow", new=args[-1] if args and not fresh else None)
+        self._engine.on_call(seq, "admit" if fresh else "grow", new=args[-1] if args else None)
         return result
 
     def can_append(self, seq: Any) -> Any:
@@ -278,7 +278,7 @@ class NanoEngineDriver:
         cached = _int(seq, "num_cached_tokens")
         n = getattr(seq, "num_scheduled_tokens", None)
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:  # a chunked-prefill generation says
-            return (cached, n) if is_prefill is not False else (len(seq) - n, n)
+            return cached, n  # its computed tokens so far: where the chunk (or the decode token) starts
         if is_prefill is False:
             return len(seq) - 1, 1
         return cached, len(seq) - cached
@@ -376,10 +376,13 @@ def engine_driver_for(target: Any, config: Config) -> NanoEngineDriver:
     package, patch = getattr(target, "package", None), getattr(target, "patch_text", None)
     if not package and getattr(target, "source", None) is None:
         raise TargetError(f"target {getattr(target, 'name', target)}: not a nano-vllm-style target")
-    if not config.caching:
-        raise TargetError(f"target {getattr(target, 'name', target)}: nano-vllm's engine always caches "
-                          f"prefixes (its Config has no switch)")
     key = (package or str(target.source), patch)
     if key not in _PARTS:
         _PARTS[key] = load_package_engine(package, patch) if package else load_file_engine(Path(target.source), patch)
-    return NanoEngineDriver(_PARTS[key], config.num_blocks, config.block_size)
+    parts = _PARTS[key]
+    from kvspec.targets.nanovllm_target import caching_support
+    support = caching_support(parts.manager_cls, parts.seq_cls)
+    if support != "both" and config.caching != (support == "on"):
+        raise TargetError(f"target {getattr(target, 'name', target)}: its engine "
+                          f"{'always caches prefixes (its Config has no switch)' if support == 'on' else 'has no prefix cache'}")
+    return NanoEngineDriver(parts, config.num_blocks, config.block_size)

@@ -1,0 +1,11 @@
+from dataclasses import dataclass
+
+
+@dataclass
+class Config:
+    model: str
+    max_num_seqs: int = 4
+    chunk_size: int = 3
+    num_kvcache_blocks: int = -1
+    kvcache_block_size: int = 256
+    eos: int = -1
