@@ -450,3 +450,23 @@ def test_session_npu_stale_entry_and_fix():
 def test_session_voxcpm_stale_entry():
     v, prog = session_run("nanovllm_voxcpm", None, _programs(20, aborts=True))
     assert v is not None and v.invariant == "INDEX_CONSISTENT", v
+
+
+@pytest.mark.upstream
+@_needs("nanovllm", "nano-vllm-fork")
+def test_fork_scheduler_fix_is_a_real_patch(tmp_path):
+    """The fork's scheduler fix applies to the installed package with ``patch --dry-run -p1``
+    (no fuzz), alone and after the whole-prompt-hit fix."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    if shutil.which("patch") is None:
+        pytest.skip("GNU patch is not installed")
+    root = sysconfig.get_paths()["purelib"]
+    fix = DATA / "fork_preempt_leaves_running.diff"
+    for text in (fix.read_text(), FORK_FIX.read_text() + fix.read_text()):
+        (tmp_path / "fix.diff").write_text(text)
+        r = subprocess.run(["patch", "--dry-run", "-p1", "-F0", "-d", root, "-i", str(tmp_path / "fix.diff")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
