@@ -162,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--jobs", type=count(1), default=None,
                     help="worker processes (default: CPU count; more than that is capped, with a note)")
     pt.add_argument("--only", help="comma-separated patch ids (default: every patch of the corpus)")
+    pt.add_argument("--level", choices=["all", "engine"], default="all",
+                    help="all: the target's pool and cache machines; engine: the engine's own scheduler (vllm)")
     pt.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4 or full,chunked:8 (cache level; default: full, or drawn per example for targets that support groups)")
     pt.add_argument("--json", action="store_true", help=JSON_HELP)
     pt.add_argument("--report-dir", default=PATCHES_REPORT_DIR, metavar="DIR",

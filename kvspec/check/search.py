@@ -163,7 +163,8 @@ def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -
     if groups_why:
         for inv in ("HIT_AGREEMENT", "WINDOW", "SLOTS"):
             out[inv] = groups_why
-    elif kv_groups is not None:  # pinned by --kv-groups; None: drawn per example, several groups among them
+    elif kv_groups is not None or levels == ["engine"]:  # pinned by --kv-groups (the engine level: full unless
+        kv_groups = kv_groups or "full"                  # given); None: drawn per example, several among them
         from kvspec.spec.model.groups import parse_groups
         groups = parse_groups(kv_groups)
         if len(groups) < 2:

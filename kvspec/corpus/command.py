@@ -92,7 +92,8 @@ def cmd_patches(args) -> int:
         for seed in range(args.seeds):
             work.append(("run_trial", {"id": b["id"], "seed": seed, "target": args.target,
                                        "patch": str(corpus_dir / b["file"]), "timeout": args.timeout,
-                                       "kv_groups": getattr(args, "kv_groups", None) or b.get("kv_groups")}, hard))
+                                       "kv_groups": getattr(args, "kv_groups", None) or b.get("kv_groups"),
+                                       "level": getattr(args, "level", "all")}, hard))
     if args.target == "impl":
         # kvspec diff on every patch (it compares only the helpers a patch changes; most
         # patches change none and cost nothing), so the report says which engine caught what

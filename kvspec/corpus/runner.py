@@ -127,7 +127,7 @@ def run_trial(task: dict) -> dict:
             return row
         row["applied"] = True
         patch_text = Path(task["patch"]).read_text()
-        report = run_check(target, task["target"], patch=task["patch"], patch_text=patch_text, level="all",
+        report = run_check(target, task["target"], patch=task["patch"], patch_text=patch_text, level=task.get("level", "all"),
                            seed=task["seed"], budget=task["timeout"], report_dir=report_dir,
                            kv_groups=task.get("kv_groups"))
         if report.violations:
@@ -138,7 +138,7 @@ def run_trial(task: dict) -> dict:
                        repro_steps=len(f.steps), config=f.config.to_dict(), level=f.level)
             if f.minimal:
                 row.update(minimal_steps=len(f.steps), minimal_proven=True)
-            elif task.get("minimal", True):
+            elif task.get("minimal", True) and f.level != "engine":  # mc searches cache/pool ops only
                 n, proven = shortest_failing(target, f.config, f.steps, f.invariant)
                 row.update(minimal_steps=n, minimal_proven=proven)
         row["examples"] = report.examples

@@ -13,8 +13,20 @@ from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 
 
+CHUNKED_OFF = ("vllm engine: --kv-groups {spec}: vLLM turns the hybrid KV-cache manager off for chunked local "
+               "attention (and plans it as full attention) unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 "
+               "(vllm/v1/core/kv_cache_planning.py), so its engine never runs a chunked group by default")
+
+
 def engine_shape(config: Config) -> Any:
+    """The vLLM engine's shape for ``config``; a KV-group set vLLM's own planning would not
+    build is refused with one line citing the check."""
+    import os
+
     from kvspec.engine.vllm_engine import EngineShape
+    spec = config.kv_groups or "full"
+    if "chunked" in spec and os.environ.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE") != "1":
+        raise TargetError(CHUNKED_OFF.format(spec=spec))
     return EngineShape(block_size=config.block_size, num_blocks=config.num_blocks, caching=config.caching,
                        kv_groups=config.kv_groups or "full")
 
