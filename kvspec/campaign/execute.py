@@ -7,8 +7,11 @@ system failures only: a job that ran and gave an error is an answer, not retried
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
+import os
+import sys
 import time
 from typing import Callable, Optional, Sequence
 
@@ -53,9 +56,36 @@ def connect(address: Optional[str]):
     return ray, True
 
 
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """While Ray runs, what it prints (``(raylet) Task ... will be retried``) goes to stderr:
+    under ``--json`` stdout holds one JSON object and nothing else."""
+    sys.stdout.flush()
+    saved = None
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError):  # no real fd 1 (a captured stream): the Python-level swap still holds
+        saved = None
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retries: int,
             on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]] = None) -> None:
     """Run ``jobs`` as Ray tasks; ``on_done(record, running, slots)`` for each as it finishes."""
+    with stdout_to_stderr():
+        _execute(jobs, address, timeout, retries, on_done, on_start)
+
+
+def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retries: int,
+             on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]]) -> None:
     ray, started_here = connect(address)
     try:
         task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(_run_remote)
