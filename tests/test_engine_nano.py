@@ -470,3 +470,16 @@ def test_fork_scheduler_fix_is_a_real_patch(tmp_path):
         r = subprocess.run(["patch", "--dry-run", "-p1", "-F0", "-d", root, "-i", str(tmp_path / "fix.diff")],
                            capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_snapshot_and_restore_fork_an_independent_engine():
+    drv = NanoEngineDriver(load_file_engine(TINY), 4, 2)
+    drv.arrive("a", (1, 2, 1), 3)
+    drv.arrive("b", (1, 2, 2), 3)
+    drv.step(lambda r, p: 5)
+    snap = drv.snapshot()
+    first = [drv.step(lambda r, p: 6) for _ in range(4)]
+    copy = drv.restore(snap)
+    again = [copy.step(lambda r, p: 6) for _ in range(4)]
+    assert again == first and copy.tables() == drv.tables() and copy.tokens() == drv.tokens()
+    assert copy.sched.block_manager._mgr is copy.view.mgr and copy.view.mgr is not drv.view.mgr

@@ -61,6 +61,8 @@ class _Recorder:
         self._mgr, self._engine = mgr, engine
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_mgr", "_engine"):  # copying builds one without them
+            raise AttributeError(name)
         return getattr(self._mgr, name)
 
     def can_allocate(self, seq: Any, *args: Any) -> Any:
@@ -222,6 +224,25 @@ class NanoEngineDriver:
 
     def tokens(self) -> dict[str, tuple[int, ...]]:
         return {r: tuple(s.token_ids) for r, s in self.seqs.items()}
+
+    # -- forking, for the model checker (as NanoDriver forks: deep copies, Sequences attribute
+    # by attribute, never pickling) ---------------------------------------------------------
+    def snapshot(self) -> dict:
+        from kvspec.targets.nano_driver import _clone_state
+        rec = self.sched.block_manager
+        rec._engine = None  # not copied along (restore points the copy's recorder at the copy)
+        try:
+            return _clone_state(self.__dict__)
+        finally:
+            rec._engine = self
+
+    def restore(self, snap: dict) -> "NanoEngineDriver":
+        from kvspec.targets.nano_driver import _clone_state
+        d = object.__new__(type(self))
+        d.__dict__.update(_clone_state(snap))
+        d.req_of = {id(seq): r for r, seq in d.seqs.items()}  # the copies' identities
+        d.sched.block_manager._engine = d  # the recorder reports to this copy
+        return d
 
     def manager_calls(self) -> list[ManagerCall]:
         """The block manager calls of the last engine event, in order (and forgets them)."""
