@@ -6,10 +6,17 @@ step with some sampled and draft tokens, a client aborts); the engine's real sch
 decides what to schedule, chunk, preempt and finish, and kvspec checks the KV manager's
 observation and the scheduler's decisions (``StepFacts``) after every engine step.
 
-    protocol      StepFacts and the EngineDriver protocol every engine adapter follows
-    vllm_engine   vLLM's v1 Scheduler on CPU
+    protocol      StepFacts, ManagerCall and the EngineDriver protocol every engine adapter follows
+    vllm_engine   vLLM's v1 Scheduler on CPU, behind a recorder of its KV manager calls
     nano_engine   a nano-vllm package's own Scheduler
+    drivers       which engine drives a target
+    translate     an engine's manager calls as cache-level ops (one reference model for both levels)
+    checks        the engine's decisions against what its manager holds (SLOTS, NO_LEAK)
+    session       EngineSession: what ``kvspec.check.session.Session`` is at the engine level
+    machine       the Hypothesis machine of engine events
 
-May import: kvspec.spec, kvspec.targets, kvspec.errors, kvspec.patching.
-Not kvspec.check / mc / report / cli (the checkers import the engine, not the reverse).
+May import: kvspec.spec, kvspec.targets, kvspec.errors, kvspec.patching, and, to reuse the
+cache level's checking whole, kvspec.check.session and kvspec.stateful.base. Not
+kvspec.mc / report / corpus / cli. kvspec.check imports this package only inside the
+functions that dispatch the engine level (no module-level cycle).
 """
