@@ -6,17 +6,44 @@
 #
 #   benchmarks/run_patches.sh                       # impl, vllm, nanovllm: 10 seeds, 60 s (the committed report)
 #   TARGETS=impl SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # a CI-sized run
+#   CAMPAIGN=1 benchmarks/run_patches.sh            # the same matrix through `kvspec campaign` (Ray: one task per
+#                                                   # patch; RAY_ADDRESS=HEAD:6379 for a cluster; resumable from
+#                                                   # RESULTS, default kvspec-campaign/run-patches), same report
+#   REPORT_DIR=DIR ...                              # write the report there instead of reports/
+# benchmarks/campaigns/patches.toml is the default run as a campaign file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGETS="${TARGETS:-impl vllm nanovllm}"
 SEEDS="${SEEDS:-10}"
 TIMEOUT="${TIMEOUT:-60}"
 JOBS="${JOBS:-$(nproc)}"
+REPORT_DIR="${REPORT_DIR:-reports}"
 rc=0
+if [ "${CAMPAIGN:-0}" != 0 ]; then
+  if [ "$#" -gt 0 ]; then
+    echo "run_patches.sh: CAMPAIGN=1 takes no extra kvspec patches options (got: $*); edit a campaign file instead" >&2
+    exit 2
+  fi
+  RESULTS="${RESULTS:-kvspec-campaign/run-patches}"
+  mkdir -p "$RESULTS"
+  toml="$RESULTS/run_patches.toml"
+  { printf '[campaign]\nname = "run-patches"\npatches_report = "%s"\n' "$REPORT_DIR"
+    for target in $TARGETS; do
+      printf '\n[[matrix]]\ncommand = "patches"\ntarget = "%s"\nonly = "each"\nseeds = %s\ntimeout = %s\n' \
+        "$target" "$SEEDS" "$TIMEOUT"
+    done; } > "$toml"
+  start=$(date +%s)
+  set +e
+  kvspec campaign "$toml" --results "$RESULTS" ${RAY_ADDRESS:+--address "$RAY_ADDRESS"}
+  rc=$?
+  set -e
+  echo "campaign --targets $TARGETS: wall time $(( $(date +%s) - start )) s on $(nproc) cores (exit $rc)"
+  exit $rc
+fi
 for target in $TARGETS; do
   start=$(date +%s)
   set +e
-  kvspec patches --target "$target" --seeds "$SEEDS" --timeout "$TIMEOUT" --jobs "$JOBS" --report-dir reports "$@"
+  kvspec patches --target "$target" --seeds "$SEEDS" --timeout "$TIMEOUT" --jobs "$JOBS" --report-dir "$REPORT_DIR" "$@"
   r=$?
   set -e
   echo "--target $target: wall time $(( $(date +%s) - start )) s on $(nproc) cores (exit $r)"

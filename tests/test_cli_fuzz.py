@@ -40,8 +40,13 @@ def files(tmp_path_factory) -> dict[str, str]:
     (d / "garbage.diff").write_text("this is not a diff\n")
     (d / "empty.diff").write_text("")
     (d / "afile").write_text("x")
+    # campaign files that are refused before Ray starts (a valid one would start Ray: seconds)
+    (d / "nojobs.toml").write_text("[campaign]\nname = 'x'\n")
+    (d / "nondet.toml").write_text("[[matrix]]\ncommand = 'check'\nseed = [0, 1]\n")
+    (d / "badkey.toml").write_text("[[matrix]]\ncommand = 'mc'\nbudget = 'nan'\n")
     return {k: str(d / k) for k in ("binary.bin", "syntax.py", "badtraits.py", "good.py", "raises.py",
-                                   "garbage.diff", "empty.diff", "afile")} | {"dir": str(d)}
+                                   "garbage.diff", "empty.diff", "afile", "nojobs.toml", "nondet.toml",
+                                   "badkey.toml")} | {"dir": str(d)}
 
 
 NUMBERS = ["nan", "NaN", "inf", "-inf", "-1", "0", "1", "2", "1e309", "abc", "", "0x10", "1.5", "-0"]
@@ -90,7 +95,14 @@ def grammar(f: dict) -> dict[str, dict[str, list]]:
         "diff": {**common, "--patch": _patches(f), "--target": ["impl", "vllm"],
                  "--per-condition-timeout": TIMES},
         "api": {**common},
+        "campaign": {**common, "--address": ["nope:1", "", "127.0.0.1:1"],
+                     "--results": [f["dir"] + "/c", f["afile"] + "/x"]},
     }
+
+
+def _campaign_files(f: dict) -> list[str]:
+    return [f["nojobs.toml"], f["nondet.toml"], f["badkey.toml"], f["binary.bin"], f["syntax.py"], f["empty.diff"],
+            f["dir"], "/no/such.toml"]
 
 
 @st.composite
@@ -98,6 +110,8 @@ def argvs(draw, f: dict) -> list[str]:
     g = grammar(f)
     command = draw(st.sampled_from(sorted(g) + ["", "nope", "--json"]))
     argv = [command] if command else []
+    if command == "campaign" and draw(st.booleans()):  # FILE.toml is positional; missing, it is a usage error
+        argv.append(draw(st.sampled_from(_campaign_files(f))))
     opts = g.get(command, {})
     for opt in draw(st.lists(st.sampled_from(sorted(opts)), max_size=5)) if opts else []:
         value = draw(st.sampled_from(opts[opt]))
@@ -186,6 +200,9 @@ KNOWN = [  # the inputs of issue 22, first: each once crashed, hung or passed by
     ["api", "bogus", "--json"],
     ["mc", "--depth", "1", "--target", "{badtraits.py}:T"],
     ["bench", "--ops", "10", "--target", "{badtraits.py}:T", "--json"],
+    ["campaign", "{nondet.toml}", "--json"],
+    ["campaign", "{binary.bin}", "--address", "nope:1"],
+    ["campaign", "--json"],
 ]
 
 

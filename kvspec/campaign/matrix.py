@@ -162,10 +162,11 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
     pp = [pp] if isinstance(pp, str) else pp
     if not isinstance(pp, list) or not all(isinstance(x, str) for x in pp):
         raise _fail(path, f"{where}: pythonpath must be a list of paths")
+    if command == "patches" and table.get("only") == "each":  # one job per patch, of each target's own corpus
+        targets = table.get("target", "impl")
+        return [j for t in (targets if isinstance(targets, list) else [targets])
+                for j in _expand_table({**table, "target": t, "only": corpus_ids(t)}, n, path, camp)]
     opts = {k: v for k, v in table.items() if k not in SPECIAL}
-    if command == "patches" and opts.get("only") == "each":
-        targets = opts.get("target", "impl")
-        opts["only"] = [i for t in (targets if isinstance(targets, list) else [targets]) for i in corpus_ids(t)]
     if command == "check" and "max_examples" not in opts and not opts.get("derandomize") and "budget" not in opts:
         raise _fail(path, f"{where}: a check job needs max_examples (deterministic) or an explicit budget (seconds)")
     if command == "check" and camp.get("db") and "budget" in opts and "db" not in opts:
