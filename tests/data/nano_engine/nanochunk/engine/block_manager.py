@@ -11,6 +11,8 @@ class Block:
 
 
 class BlockManager:
+    kvspec_traits = {"null_block": "none", "prefix_caching": "off"}  # declared for kvspec
+
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]

@@ -17,6 +17,10 @@ class Block:
 
 
 class BlockManager:
+    # Policies, declared for kvspec: admission counts every block of the prompt (cached ones
+    # too), freed blocks stay cached until reused, no null block.
+    kvspec_traits = {"admit_all_blocks": True, "free_evicts": False, "null_block": "none", "prefix_caching": "on"}
+
     def __init__(self, num_blocks: int, block_size: int):
         self.block_size = block_size
         self.blocks = [Block(i) for i in range(num_blocks)]
