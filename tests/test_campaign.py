@@ -185,3 +185,20 @@ def test_tiny_matrix_on_local_ray_equals_one_process_and_resumes(tmp_path, local
     monkeypatch.setattr(execute_mod, "execute", lambda *a, **k: pytest.fail("a finished campaign ran jobs"))
     rc, out, _ = run(["campaign", str(f), "--results", str(results), "--json"])
     assert rc == 1 and json.loads(out)["skipped_done"] == 3
+
+
+def test_the_release_sweep_as_a_campaign_file_has_one_job_per_release_and_pass(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("vllm_releases", Path(__file__).resolve().parents[1]
+                                                  / "tools" / "vllm_releases.py")
+    vr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vr)
+    versions = ["0.8.0", "0.27.0", "0.33.0"]
+    f = write(tmp_path, vr.campaign_toml(versions, 50, tmp_path / "cache"))
+    jobs = load_campaign(f).jobs
+    want = [(v, pol) for v in versions for _, pol in vr.passes_for(v)]
+    assert len(jobs) == len(want) > len(versions)  # 0.8.0 has its time's policies too
+    for job, (v, pol) in zip(jobs, want):  # in order, as run_campaign reads them back
+        assert job.pythonpath[0] == str(tmp_path / "cache" / v)
+        assert job.env.get("KVSPEC_VLLM_POLICIES", "") == pol
+        assert job.argv()[:1] == ["check"] and "--max-examples" in job.argv() and "vllm" in job.argv()
