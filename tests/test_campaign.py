@@ -86,6 +86,26 @@ env = { KVSPEC_VLLM_POLICIES = ["", "unhashed_free_first=false"] }
     assert {j.env["KVSPEC_VLLM_POLICIES"] for j in jobs} == {"", "unhashed_free_first=false"}
 
 
+def test_budget_jobs_share_the_campaign_example_database(tmp_path):
+    f = write(tmp_path, """
+[campaign]
+db = "shared-db"
+
+[[matrix]]
+command = "check"
+budget = 5
+seed = [0, 1]
+
+[[matrix]]
+command = "check"
+max_examples = 5
+""")
+    budget, counted = [j.argv() for j in load_campaign(f).jobs if "--budget" in j.argv()], \
+        [j.argv() for j in load_campaign(f).jobs if "--max-examples" in j.argv()]
+    assert len(budget) == 2 and all(a[a.index("--db") + 1] == str(Path.cwd() / "shared-db") for a in budget)
+    assert counted and all("--db" not in a for a in counted)  # check refuses --db with --max-examples
+
+
 def test_only_each_makes_one_job_per_patch(tmp_path):
     f = write(tmp_path, '[[matrix]]\ncommand = "patches"\ntarget = "impl"\nonly = "each"\nseeds = 1\ntimeout = 5\n')
     corpus = json.loads((Path(__file__).resolve().parents[1] / "kvspec/corpus/impl/bugs.json").read_text())

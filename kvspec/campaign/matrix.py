@@ -25,6 +25,11 @@ deterministic (``max_examples`` or ``derandomize``) unless it names a ``budget``
 a campaign's verdicts must not depend on how many nodes ran it. For ``patches``,
 ``only = "each"`` makes one job per patch of the target's corpus.
 
+Relative paths: ``patch`` and ``pythonpath`` are relative to the campaign file (they are
+inputs that travel with it); ``results``, ``db`` and ``patches_report`` to the working
+directory, as every command's output directories are. On a cluster, every path must
+mean the same on every node (shared storage, or the same checkout path).
+
 A job's id hashes what it runs (command, options, environment, path) as written in
 the file, so it is the same on every machine and a rerun finds its finished jobs.
 """
