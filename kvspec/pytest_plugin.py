@@ -132,7 +132,11 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
     opts = options or _ACTIVE
     profile = choose_profile(opts.profile)
     base = profile_settings(profile, opts.database or os.environ.get("KVSPEC_DB"))
-    machine = cache_machine(target, kv_groups=opts.kv_groups) if level == "cache" else pool_machine(target)
+    if level == "engine":  # the engine's own scheduler drives its KV manager (kvspec.engine)
+        from kvspec.engine.machine import engine_machine
+        machine = engine_machine(target, kv_groups=opts.kv_groups)
+    else:
+        machine = cache_machine(target, kv_groups=opts.kv_groups) if level == "cache" else pool_machine(target)
     start = time.monotonic()
     batch = 0
     found: Optional[InvariantViolation] = None
@@ -224,6 +228,9 @@ def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: Run
 
 
 def levels_to_run(target: Any, level: str) -> list[str]:
+    if level == "engine":  # asked for by name only, never part of "all"
+        from kvspec.engine.drivers import supports_engine
+        return ["engine"] if supports_engine(target) else []
     supported = list(target.traits.levels)
     return supported if level == "all" else [lv for lv in supported if lv == level]
 
@@ -234,7 +241,7 @@ def pytest_addoption(parser) -> None:
     g.addoption("--kvspec-target", action="append", default=None, metavar="TARGET",
                 help="run kvspec's machines against TARGET (impl, vllm, nanovllm[:PKG], FILE.py:NAME, "
                      "module:NAME); may be given more than once")
-    g.addoption("--kvspec-level", default="all", choices=["pool", "cache", "all"],
+    g.addoption("--kvspec-level", default="all", choices=["pool", "cache", "engine", "all"],
                 help="which machines to run (default: all the target supports)")
     g.addoption("--kvspec-budget", type=float, default=None, metavar="SECONDS",
                 help="seconds per machine (default: one run of the profile's examples)")

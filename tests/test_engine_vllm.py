@@ -87,3 +87,13 @@ def test_session_dispatches_the_engine_level_and_ops_round_trip():
         assert s.apply(op) == [], op
         assert op_from_dict(op.to_dict()) == op and eval(repr(op)) == op
     assert s.misuse_reason(Arrive("r1", (1,))) is not None   # an id arrives once
+
+
+def test_the_pytest_plugin_runs_the_engine_machine(tmp_path):
+    from kvspec.pytest_plugin import KvspecFailure, RunOptions, levels_to_run, run_machine
+
+    target = load_target("vllm", patch=str(DATA / "abort_keeps_blocks.diff"))
+    assert levels_to_run(target, "engine") == ["engine"] and "engine" not in levels_to_run(target, "all")
+    with pytest.raises(KvspecFailure) as e:
+        run_machine(target, "vllm", "engine", RunOptions(level="engine", max_examples=BOUND, repro_dir=str(tmp_path)))
+    assert "NO_LEAK" in str(e.value) and "engine" in str(e.value)
