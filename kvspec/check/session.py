@@ -183,8 +183,10 @@ class Session:
     # state invariants once per distinct state, see kvspec.mc.search); None: every check.
     step_check: Optional[Any] = None
 
-    def __new__(cls, target: Target, config: Config, incremental: Optional[bool] = None):
-        if config.level == "engine":  # the engine level's session has this surface (kvspec.engine.session)
+    def __new__(cls, target: Optional[Target] = None, config: Optional[Config] = None,
+                incremental: Optional[bool] = None):
+        # no arguments: kvspec.mc.fork builds a bare Session to fill from a saved state
+        if config is not None and config.level == "engine":  # the engine level's session (kvspec.engine.session)
             from kvspec.engine.session import EngineSession
             return EngineSession(target, config, incremental)
         return super().__new__(cls)
