@@ -187,7 +187,17 @@ def config_defaults(config_file: Optional[Path]) -> dict[str, Any]:
     return out
 
 
-def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> types.SimpleNamespace:
+class StandInConfig:
+    """The object a Scheduler is built with in place of its package's Config: only fields."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def __repr__(self) -> str:
+        return f"StandInConfig({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> StandInConfig:
     """The object the Scheduler is built with (see the module doc)."""
     defaults = config_defaults(parts.config_file)
     cfg = {}
@@ -199,4 +209,4 @@ def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> types.SimpleN
         else:
             raise TargetError(f"target {parts.name}: its Scheduler reads config.{f}, which kvspec does not set and "
                               f"the package's Config gives no literal default for")
-    return types.SimpleNamespace(**cfg)
+    return StandInConfig(**cfg)
