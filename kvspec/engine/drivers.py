@@ -28,7 +28,7 @@ def engine_shape(config: Config) -> Any:
     if "chunked" in spec and os.environ.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE") != "1":
         raise TargetError(CHUNKED_OFF.format(spec=spec))
     return EngineShape(block_size=config.block_size, num_blocks=config.num_blocks, caching=config.caching,
-                       kv_groups=config.kv_groups or "full")
+                       kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0))
 
 
 def supports_engine(target: Any) -> bool:

@@ -26,6 +26,7 @@ NUM_CHUNKS = 3
 EXTRAS = (None, None, None, None, "salt:s", "salt:t")
 _TOKEN = st.integers(1, 4)          # few distinct sampled tokens: generated text shares prefixes too
 _MAX_TOKENS = st.integers(1, 8)
+SPEC_TOKENS = (0, 0, 0, 2)          # draft tokens per step (n-gram drafter); 0: no speculative decoding
 
 
 def _chunks() -> list[list[int]]:
@@ -46,10 +47,12 @@ class EngineMachine(KVMachine):
     def setup(self, data):
         n = data.draw(st.integers(6, 16), label="num_blocks")
         caching = data.draw(st.sampled_from((True, True, True, False)), label="caching")
+        # n-gram speculative decoding in some examples: steps then propose and accept drafts
+        self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens")
         self.arrived: list[str] = []
         self.usable = (n - 1) * BLOCK_SIZE   # tokens the pool can hold for one request (null block aside)
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
-                          kv_groups=self.kv_groups or "full"))
+                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec))
 
     @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
     @rule(data=st.data())
@@ -65,9 +68,11 @@ class EngineMachine(KVMachine):
     def step(self, token):
         self.run(EngineStep(token=token))
 
-    @rule(token=_TOKEN)
-    def step_again(self, token):  # a second rule: steps twice as likely as arrivals
-        self.run(EngineStep(token=token))
+    @rule(token=_TOKEN, data=st.data())
+    def step_again(self, token, data):  # a second rule: steps twice as likely as arrivals; drafts, when on
+        drafts = data.draw(st.integers(0, self.spec), label="drafts") if self.spec else 0
+        accepted = data.draw(st.integers(0, self.spec), label="accepted") if self.spec else 0
+        self.run(EngineStep(token=token, drafts=drafts, accepted=accepted))
 
     @precondition(lambda self: bool(self.arrived))
     @rule(data=st.data())

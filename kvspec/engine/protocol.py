@@ -65,13 +65,17 @@ class ManagerCall:
     (``kvspec.engine.translate``), so the whole invariant catalogue runs on the engine's
     own sequence of allocations and frees, with the target's result and its state right
     after each call."""
-    kind: str                      # "admit" (waiting -> running), "grow" (a running request), "preempt", "finish"
+    kind: str                      # "admit" (waiting -> running), "grow" (a running request), "verify"
+                                   # (drafts checked, the kept ones cached), "preempt", "finish"
     req: str
     tokens: tuple[int, ...] = ()   # the request's tokens at the call (prompt + output)
-    new: int = 0                   # tokens the call makes room for and computes now
+    new: int = 0                   # tokens the call makes room for and computes now (verify: the
+                                   # request's computed tokens after the update, which it caches up to)
     hit: int = 0                   # prefix-cache hit tokens (admit)
     external: int = 0              # tokens a connector supplies (admit)
     extra: Optional[str] = None    # the request's extra keys (admit)
     ok: bool = True                # the allocation succeeded
     whole: bool = False            # an admission gated on room for the whole sequence, not only this chunk
+    drafts: tuple[int, ...] = ()   # grow: the draft tokens the request carries into the call
+    accepted: int = 0              # verify: draft tokens kept ("verify" calls: the update after a drafted step)
     obs: Optional[Observation] = None  # the KV manager right after the call

@@ -11,6 +11,10 @@ manager returned and the state it was observed in right after the call: so the
 reference model, the hash map, the shadow KV store and the whole catalogue judge the
 engine's own allocations. Last, the engine's decisions are checked against what the
 manager holds (``kvspec.engine.checks``).
+
+A call the cache level has no op for (``translate.Unexpressible``: vLLM's placeholder
+drafts on a new decode request) ends the model's part of that run; the engine-level
+checks go on to its end.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from typing import Any, Optional
 from kvspec.engine.checks import check_event
 from kvspec.engine.drivers import engine_driver
 from kvspec.engine.protocol import EngineDriver, StepFacts
-from kvspec.engine.translate import translate
+from kvspec.engine.translate import Unexpressible, engine_model, translate
 from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation
@@ -78,12 +82,15 @@ class EngineSession:
         self.op_timeout = watchdog.default()
         self.engine: EngineDriver = engine_driver(target, config)
         self._replayed = _Replayed(target, self.engine.observe())
-        self.cache = Session(self._replayed, dataclasses.replace(config, level="cache"), incremental=False)
+        self.cache = Session(self._replayed, dataclasses.replace(config, level="cache", spec_tokens=0),
+                             incremental=False)
+        engine_model(self.cache.model)
         self.initial: list[Violation] = self.cache.initial
         self.steps: list[Op] = []
         self.arrived: set[str] = set()
         self.last_result: Any = None
         self.dead = False
+        self.unfollowed: Optional[str] = None  # why the model stopped following the engine (Unexpressible)
 
     @property
     def model(self) -> Any:
@@ -144,7 +151,15 @@ class EngineSession:
         for call in calls:
             if call.ok and call.kind in ("admit", "grow"):
                 allocated[call.req] = allocated.get(call.req, 0) + call.new
-            cop, result = translate(call, self.cache.model)
+            if self.unfollowed is not None:
+                continue
+            try:
+                cop, result = translate(call, self.cache.model)
+            except Unexpressible as why:
+                self.unfollowed = str(why)
+                continue
+            if cop is None:
+                continue
             self._replayed.replay.push(result, call.obs if call.obs is not None else self.engine.observe())
             found = self.cache.apply(cop)
             if found:

@@ -13,6 +13,12 @@ The scheduler's calls map onto the cache-level vocabulary one for one:
   token since the model last saw the request, ``Prefill`` for the next chunk of tokens
   it already had (a chunked prompt, or a Step refused earlier and retried after a
   preemption: the engine never appends after a refusal);
+  A growth that carries draft tokens is a ``Step`` with those ``drafts``; retried after
+  a refusal, it is the same ``Step`` again (the refused one changed nothing in the model
+  but appending its token, which is taken back first);
+- ``verify`` (the output update after a drafted step): ``Verify`` with the drafts kept.
+  The scheduler then caches the blocks the kept tokens fill (``cache_blocks``), so the
+  engine's model does too (``engine_model``);
 - ``preempt`` / ``finish``: ``Preempt`` / ``Finish``.
 
 The result is what the target did, in the cache level's terms: an admission's hit
@@ -20,19 +26,48 @@ tokens (None when refused), a growth's success.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from kvspec.engine.protocol import ManagerCall
 from kvspec.errors import TargetError
-from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step
+from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
 
 
-def translate(call: ManagerCall, model: Any) -> tuple[Op, Any]:
+class Unexpressible(Exception):
+    """A manager call the cache-level vocabulary has no op for (e.g. vLLM padding a new
+    decode request with placeholder drafts at admission, for uniform spec-decode batches).
+    The model cannot follow the engine past it: the rest of that run is checked by the
+    engine-level checks alone (``EngineSession``)."""
+
+
+def engine_model(model: Any) -> Any:
+    """``model`` as the engine level uses it: a ``Verify`` also caches the blocks the kept
+    tokens fill, as vLLM's scheduler does in its output update (``cache_blocks``)."""
+    if not hasattr(model, "_cache_g"):
+        return model
+    plain = model.apply
+
+    def apply(op: Op) -> Any:
+        result = plain(op)
+        if isinstance(op, Verify):
+            q = model.reqs[op.req]
+            upto = getattr(model, "verified_upto", None)   # set by translate: what the engine computed
+            model._cache_g(q, min(q.computed, len(q.tokens), upto if upto is not None else q.computed))
+        return result
+
+    model.apply = apply
+    return model
+
+
+def translate(call: ManagerCall, model: Any) -> "tuple[Optional[Op], Any]":
     """(the cache-level op, the target's result) for ``call``, given the reference model
-    before it. May set a waiting request's tokens in the model (see the module doc)."""
+    before it; the op is None when the call changes nothing the model holds. May set a
+    waiting request's tokens in the model (see the module doc)."""
     q = model.reqs.get(call.req)
     if call.kind == "admit":
         todo = len(call.tokens) - call.hit - call.external
+        if call.new > todo:
+            raise Unexpressible(f"{call.req} is admitted with {call.new - todo} placeholder draft slots")
         chunk = None if call.new >= todo or (call.whole and not call.ok) else call.new
         result = call.hit if call.ok else None
         if q is None:
@@ -44,12 +79,20 @@ def translate(call: ManagerCall, model: Any) -> tuple[Op, Any]:
         if q is None or not q.running:
             return Prefill(call.req, call.new), call.ok   # the model calls it a misuse
         pending = len(call.tokens) - len(q.tokens)
-        if pending == 1 and q.computed >= len(q.tokens) and call.new == 1:
-            return Step(call.req, call.tokens[-1]), call.ok
+        drafts = tuple(call.drafts[: max(call.new - 1, 0)])
+        if pending == 0 and drafts and q.computed == len(q.tokens) - 1 and not getattr(q, "drafts", ()):
+            q.tokens.pop()   # the retry of a refused drafted Step: the same Step again
+            pending = 1
+        if pending == 1 and q.computed >= len(q.tokens) and call.new == 1 + len(drafts):
+            return Step(call.req, call.tokens[-1], drafts), call.ok
         if pending == 0:
             return Prefill(call.req, call.new), call.ok
-        raise TargetError(f"engine level: {call.req} grows by {call.new} with {pending} new tokens "
-                          f"(speculative or jump decoding), which the cache level cannot express yet")
+        raise Unexpressible(f"{call.req} grows by {call.new} with {pending} tokens the model has not seen")
+    if call.kind == "verify":
+        if q is None or not q.running or not getattr(q, "drafts", ()):
+            return None, None
+        model.verified_upto = call.new   # a request that stops at max_tokens computes (and caches) less
+        return Verify(call.req, min(call.accepted, len(q.drafts))), None
     if call.kind == "preempt":
         return Preempt(call.req), None
     if call.kind == "finish":

@@ -47,6 +47,8 @@ class EngineShape:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 16
     max_model_len: int = 128
+    spec_tokens: int = 0          # n-gram speculative decoding with this many draft tokens (no draft model,
+                                  # so no lookahead slots); 0: off
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,8 +68,9 @@ def tiny_model_dir() -> str:
 @functools.lru_cache(maxsize=16)
 def vllm_config(shape: EngineShape) -> Any:
     """The ``VllmConfig`` of a CPU engine of this shape (built once per shape: it is slow)."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
+    logging.getLogger("vllm").setLevel(logging.ERROR)  # its notes on a tiny budget are not findings
     model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32",
                         max_model_len=shape.max_model_len)
     sched = SchedulerConfig(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
@@ -75,8 +78,14 @@ def vllm_config(shape: EngineShape) -> Any:
                             is_encoder_decoder=False)
     cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
     cache.num_gpu_blocks = shape.num_blocks
-    return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
-                      device_config=DeviceConfig(device="cpu"))
+    parallel = ParallelConfig()
+    spec = None
+    if shape.spec_tokens:
+        from vllm.config import SpeculativeConfig
+        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=shape.spec_tokens, prompt_lookup_max=3,
+                                 prompt_lookup_min=1, target_model_config=model, target_parallel_config=parallel)
+    return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache, parallel_config=parallel,
+                      device_config=DeviceConfig(device="cpu"), speculative_config=spec)
 
 
 class _Recorder:
@@ -94,10 +103,16 @@ class _Recorder:
     def allocate_slots(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         status = request.status
         before = self._engine.computed_of(request)
+        drafts = tuple(request.spec_token_ids)
         result = self._mgr.allocate_slots(request, *args, **kwargs)
         bound = self._alloc_sig.bind(request, *args, **kwargs)
         bound.apply_defaults()
-        self._engine.on_allocate(request, status, before, dict(bound.arguments), result is not None)
+        self._engine.on_allocate(request, status, before, dict(bound.arguments), result is not None, drafts)
+        return result
+
+    def cache_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._mgr.cache_blocks(request, *args, **kwargs)
+        self._engine.on_cache(request)
         return result
 
     def free(self, request: Any) -> Any:
@@ -138,12 +153,13 @@ class VllmEngine:
         self.extras: dict[str, Optional[str]] = {}
         self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them
         self._calls: list[ManagerCall] = []
+        self._accepted: dict[str, int] = {}   # request -> drafts kept, for this step's output update
 
     # -- the recorder's reports --------------------------------------------------------
     def computed_of(self, request: Any) -> int:
         return self._computed.get(request.request_id, 0)
 
-    def on_allocate(self, request: Any, status: Any, before: int, args: dict, ok: bool) -> None:
+    def on_allocate(self, request: Any, status: Any, before: int, args: dict, ok: bool, drafts: tuple = ()) -> None:
         rid = request.request_id
         new = args.get("num_new_tokens", 0)
         admit = status != self.status.RUNNING
@@ -154,7 +170,17 @@ class VllmEngine:
         self._calls.append(ManagerCall("admit" if admit else "grow", rid, tuple(request.all_token_ids), new=new,
                                        hit=hit if admit else 0, external=ext if admit else 0,
                                        extra=self.extras.get(rid) if admit else None, ok=ok,
-                                       whole=bool(args.get("full_sequence_must_fit", False)), obs=self.observe()))
+                                       whole=bool(args.get("full_sequence_must_fit", False)),
+                                       drafts=() if admit else drafts, obs=self.observe()))
+
+    def on_cache(self, request: Any) -> None:
+        """The output update cached a drafted request's verified blocks (``cache_blocks``)."""
+        rid = request.request_id
+        if rid not in self._accepted:
+            return   # no drafts were scheduled for it: nothing new is cached
+        self._computed[rid] = request.num_computed_tokens
+        self._calls.append(ManagerCall("verify", rid, tuple(request.all_token_ids), new=request.num_computed_tokens,
+                                       accepted=self._accepted.pop(rid), obs=self.observe()))
 
     def on_free(self, request: Any, preempt: bool) -> None:
         rid = request.request_id
@@ -192,7 +218,14 @@ class VllmEngine:
             slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
                                if p // bs < len(table))
             at_end = req.num_computed_tokens >= req.num_tokens
-            sampled.append([sample(rid, req.num_tokens)] if at_end else [])
+            spec = list(out.scheduled_spec_decode_tokens.get(rid, ()))
+            if at_end and spec:
+                real = next((i for i, t in enumerate(spec) if t < 0), len(spec))   # -1: a placeholder draft,
+                kept = min(accepted, real)                                          # never accepted
+                self._accepted[rid] = kept
+                sampled.append(spec[:kept] + [sample(rid, req.num_tokens + kept)])
+            else:
+                sampled.append([sample(rid, req.num_tokens)] if at_end else [])
         preempted = tuple(sorted(rid for rid in running_before
                                  if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
         ids = list(scheduled)
@@ -200,8 +233,14 @@ class VllmEngine:
                                      sampled_token_ids=sampled)
         live = set(s.requests)
         s.update_from_output(out, mro)
+        self._accepted.clear()
         finished = tuple(sorted(rid for rid in live
                                 if rid not in s.requests or s.requests[rid].is_finished()))
+        k = min(drafts, self.shape.spec_tokens)
+        if k > 0:   # the drafter proposes for the next step (vLLM ignores it for a prefill chunk)
+            from vllm.v1.outputs import DraftTokenIds
+            ids = [r.request_id for r in s.running]
+            s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
         return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start)
 
     def abort(self, req: str) -> None:

@@ -13,6 +13,7 @@ class Config:
     caching: bool = True       # prefix caching on
     kv_groups: str = "full"    # KV-cache groups sharing the pool, e.g. "full,swa:4" (cache level)
     max_model_len: Optional[int] = None  # per-request token cap (cache level); None: none
+    spec_tokens: int = 0       # engine level: speculative decoding with this many draft tokens per step; 0: off
 
     def to_dict(self) -> dict:
         return asdict(self)
