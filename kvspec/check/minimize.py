@@ -49,7 +49,8 @@ from kvspec.spec.ops import Abort, Admit, Arrive, Cache, CachePartial, Finish, L
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target
 
-BFS_BUDGET_S = 8.0      # seconds of bounded BFS per finding, all configurations together
+BFS_BUDGET_S = 45.0     # at most these seconds of bounded BFS per finding, all configurations together
+                        # (besides BFS_MAX_STATES): a first run should show the proved-minimal repro
 BFS_MAX_DEPTH = 12      # a ddmin result longer than this is not searched
 BFS_MAX_STATES = 30_000   # deterministic mode: states of bounded BFS per finding instead of seconds
 DDMIN_MAX_TESTS = 1_000   # deterministic mode: candidate replays of ddmin instead of seconds
@@ -274,7 +275,7 @@ def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invari
     which a confirming hang must end (``minimize_hang``; None: no limit)."""
     if invariant == "NO_HANG":
         return minimize_hang(target, config, steps, allow_misuse, confirm_by), None, config
-    max_states = max_tests = None
+    max_states, max_tests = BFS_MAX_STATES, None  # the clock only caps what the state count allows
     if deterministic:
         budget_s, bfs_budget_s, max_states, max_tests = float("inf"), float("inf"), BFS_MAX_STATES, DDMIN_MAX_TESTS
     steps = list(steps)

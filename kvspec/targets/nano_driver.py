@@ -7,6 +7,9 @@ decode, refusals) and reads the same manager back: both halves share its state."
 from __future__ import annotations
 
 import copy
+from collections import deque
+from enum import Enum
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Callable, Optional
 
 from kvspec.spec.config import Config
@@ -472,14 +475,78 @@ class NanoDriver(Driver):
                            queue_problems=tuple(problems))
 
 
+# The driver's fields that never change after __init__: shared by every clone, not copied.
+_FIXED = frozenset({"names", "protocol", "caching", "bs", "scale", "seq_cls", "make_seq", "api", "counted",
+                    "chunked", "meth", "hash_blocks_args", "alloc_args", "hook"})
+_ATOMS = (int, float, str, bytes, bool, type(None), complex, range, type, FunctionType, BuiltinFunctionType,
+          ModuleType, MethodType)
+
+
+def _clone(obj: Any, memo: dict) -> Any:
+    """A deep copy of plain Python state (containers, and objects that keep their fields in
+    ``__dict__``), much cheaper than ``copy.deepcopy``'s general protocol: a search clones
+    a state once per transition. Anything else (slots, custom copy hooks, arrays) goes to
+    ``copy.deepcopy`` with the same memo, so shared references stay shared."""
+    t = type(obj)
+    if t in _ATOMS or isinstance(obj, _ATOMS[8:]) or isinstance(obj, Enum):
+        return obj
+    found = memo.get(id(obj))
+    if found is not None:
+        return found
+    if t is list:
+        if all(type(x) in _SCALARS for x in obj):  # token ids, block tables: the common case
+            c: Any = obj[:]
+            memo[id(obj)] = c
+            return c
+        c = []
+        memo[id(obj)] = c
+        c.extend([_clone(x, memo) for x in obj])
+    elif t is dict:
+        c = {}
+        memo[id(obj)] = c
+        for k, v in obj.items():
+            c[_clone(k, memo)] = _clone(v, memo)
+    elif t is set:
+        c = obj.copy() if all(type(x) in _SCALARS for x in obj) else {_clone(x, memo) for x in obj}
+        memo[id(obj)] = c
+    elif t is tuple or t is frozenset:
+        if all(type(x) in _SCALARS for x in obj):  # immutable all the way down: share it
+            return obj
+        c = t(_clone(x, memo) for x in obj)
+        memo[id(obj)] = c
+    elif t is deque:
+        c = deque(maxlen=obj.maxlen)
+        memo[id(obj)] = c
+        c.extend(_clone(x, memo) for x in obj)
+    elif _plain(t) and hasattr(obj, "__dict__"):
+        # a plain object, copied field by field (never through __getstate__: nano-vllm's
+        # Sequence drops its token_ids there, once it has decoded, see snapshot())
+        c = object.__new__(t)
+        memo[id(obj)] = c
+        c.__dict__.update({k: _clone(v, memo) for k, v in vars(obj).items()})
+        return c
+    else:
+        return copy.deepcopy(obj, memo)
+    return c
+
+
+_PLAIN: dict = {}
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
+
+
+def _plain(t: type) -> bool:
+    """Whether ``t``'s instances are plain: state in ``__dict__`` alone, no copy hooks."""
+    p = _PLAIN.get(t)
+    if p is None:
+        p = _PLAIN[t] = (not hasattr(t, "__slots__") and not hasattr(t, "__deepcopy__")
+                         and t.__reduce_ex__ is object.__reduce_ex__ and t.__module__ != "builtins"
+                         and not issubclass(t, (dict, list, set, tuple, deque, Enum)))
+    return p
+
+
 def _clone_state(state: dict) -> dict:
     memo: dict = {}
-    for seq in state["seqs"].values():
-        if hasattr(seq, "__dict__") and id(seq) not in memo:
-            c = object.__new__(type(seq))
-            memo[id(seq)] = c
-            c.__dict__.update(copy.deepcopy(vars(seq), memo))
-    return copy.deepcopy(state, memo)
+    return {k: (v if k in _FIXED else _clone(v, memo)) for k, v in state.items()}
 
 
 def _has_hash(h: Any) -> bool:
