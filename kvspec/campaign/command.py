@@ -25,7 +25,8 @@ def _text(s: dict, reports: list[str]) -> str:
              f"{c['violation']} violation, {c['fail']} fail, {c['error']} error; {s['skipped_done']} done before; "
              f"{s['seconds']} s)"]
     for f in s["findings"]:
-        lines.append(f"  {f['invariant']} ({f['kind']}, {f['count']} job(s)): {f['message']}")
+        lines.append(f"  {f['invariant']} ({f['kind']}, seen {f['count']} time(s) in {len(f['jobs'])} job(s)): "
+                     f"{f['message']}")
         if f["steps"] and f["kind"] != "killed patch":
             lines.append(f"    repro: {'; '.join(f['steps'])}")
     for r in s["results"]:

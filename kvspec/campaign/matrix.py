@@ -133,10 +133,13 @@ def _axes(table: dict, path: Path, where: str) -> list[tuple[str, list]]:
 
 
 def corpus_ids(target: str) -> list[str]:
-    """The patch ids of the installed corpus of ``target`` (for ``only = "each"``)."""
+    """The patch ids of the installed corpus of ``target`` (for ``only = "each"``), the
+    long ones first as ``kvspec patches`` orders them: an equivalent mutant or a rare-input
+    bug runs every seed to the timeout, and last in the queue it would run alone."""
     f = Path(__file__).resolve().parent.parent / "corpus" / str(target) / "bugs.json"
     try:
-        return [b["id"] for b in json.loads(f.read_text())]
+        bugs = json.loads(f.read_text())
+        return [b["id"] for b in sorted(bugs, key=lambda b: b.get("kind") != "equivalent" and b.get("engine") != "diff")]
     except (OSError, ValueError, KeyError, TypeError):
         raise UsageError(f"kvspec campaign: only = \"each\": no readable bug corpus for target {target!r} ({f})") from None
 

@@ -8,11 +8,10 @@ command's own summary and renderer: the report has the same form as
 """
 from __future__ import annotations
 
-import os
-import platform
 import time
 from typing import Optional
 
+from kvspec.corpus.command import _machine as machine  # the same machine line as kvspec patches writes
 from kvspec.corpus.report import write_reports
 from kvspec.corpus.runner import load_corpus
 from kvspec.corpus.stats import summarize
@@ -39,11 +38,7 @@ def merged(records: list[dict], campaign_cmd: str, workers: int, wall: float) ->
         res["command"] = f"{campaign_cmd}  (kvspec patches --target {target} --seeds {seeds} --timeout {timeout:g}" \
                          f"{only}, one Ray task per patch)"
         res["section"] = target + only
-        res["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version(), "ray_cpus": workers}
-        try:
-            res["machine"]["load_average"] = [round(x, 2) for x in os.getloadavg()]
-        except OSError:
-            pass
+        res["machine"] = {**machine(target), "ray_cpus": workers}
         res["date"] = time.strftime("%Y-%m-%d")
         out.append(res)
     return out

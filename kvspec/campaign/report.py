@@ -67,8 +67,8 @@ def markdown(s: dict, png: Optional[str]) -> str:
              f"## Findings ({len(s['findings'])} distinct, by invariant and minimal repro)", ""]
     for f in s["findings"]:
         lines.append(f"- **{f['invariant']}** ({f['kind']}, {len(f['steps'])} steps"
-                     f"{', minimal' if f['minimal'] else ''}), found by {f['count']} "
-                     f"job{'s' if f['count'] != 1 else ''}: {f['message']}")
+                     f"{', minimal' if f['minimal'] else ''}), seen {f['count']} time(s) in "
+                     f"{len(f['jobs'])} job(s): {f['message']}")
         if f["steps"] and f["kind"] != "killed patch":
             lines.append(f"  repro: `{'; '.join(f['steps'])}`")
         lines.append(f"  jobs: {', '.join(f['labels'][:8])}" + (" ..." if len(f["labels"]) > 8 else ""))
