@@ -9,6 +9,7 @@ observation and the scheduler's decisions (``StepFacts``) after every engine ste
     protocol      StepFacts, ManagerCall and the EngineDriver protocol every engine adapter follows
     vllm_engine   vLLM's v1 Scheduler on CPU, behind a recorder of its KV manager calls
     nano_engine   a nano-vllm package's own Scheduler
+    nano_load     loading a nano-vllm package's scheduler, and its stand-in config
     drivers       which engine drives a target
     translate     an engine's manager calls as cache-level ops (one reference model for both levels)
     checks        the engine's decisions against what its manager holds (SLOTS, NO_LEAK)

@@ -21,9 +21,14 @@ from kvspec.spec.violation import Violation
 
 
 def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
-                allocated: Optional[dict[str, int]] = None) -> list[Violation]:
+                allocated: Optional[dict[str, int]] = None, before: Optional[dict[str, int]] = None,
+                shared_slots: bool = False) -> list[Violation]:
     """``allocated``: request -> tokens the manager's successful allocations this event
-    made room for (None: the engine does not report its manager calls)."""
+    made room for (None: the engine does not report its manager calls). ``before``:
+    request -> computed tokens before the event: scheduled positions below it already had
+    room (a declared whole-prompt hit recomputes its cached last token in place).
+    ``shared_slots``: two requests may write one slot in a step (whole-prompt hits on the
+    same cached block write the same KV)."""
     obs = driver.observe()
     tables = driver.tables()
     bs = driver.block_size
@@ -48,10 +53,12 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
                 start = facts.start.get(rid, 0)
                 out.append(v("SLOTS", f"{rid} was scheduled {n} tokens from position {start}, but only "
                                       f"{len(got)} of them have a slot in its table", rid))
-            if allocated is not None and allocated.get(rid, 0) < n:
+            had_room = max(0, min(n, (before or {}).get(rid, 0) - facts.start.get(rid, 0)))
+            if allocated is not None and allocated.get(rid, 0) < n - had_room:
                 out.append(v("SLOTS", f"{rid} was scheduled {n} tokens, but the scheduler asked the KV manager "
                                       f"for room for only {allocated.get(rid, 0)}", rid))
-        dup = [s for s, c in Counter(s for got in facts.slots.values() for s in got).items() if c > 1]
+        dup = [] if shared_slots else \
+            [s for s, c in Counter(s for got in facts.slots.values() for s in got).items() if c > 1]
         if dup:
             owners = sorted(r for r, got in facts.slots.items() if dup[0] in got)
             out.append(v("SLOTS", f"slot {dup[0]} (block {dup[0] // bs}) is written by "

@@ -31,8 +31,18 @@ def engine_shape(config: Config) -> Any:
                        kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0))
 
 
-def supports_engine(target: Any) -> bool:
+def supports_spec_decode(target: Any) -> bool:
+    """Whether the engine level draws speculative decoding for ``target`` (vLLM's n-gram drafter)."""
     from kvspec.targets.vllm_target import VllmTarget
+    return isinstance(target, VllmTarget)
+
+
+def supports_engine(target: Any) -> bool:
+    from kvspec.targets.nanovllm_target import NanoTarget
+    from kvspec.targets.vllm_target import VllmTarget
+    if isinstance(target, NanoTarget):
+        from kvspec.engine.nano_engine import has_scheduler
+        return has_scheduler(target)
     return callable(getattr(target, "engine_driver", None)) or isinstance(target, VllmTarget)
 
 
@@ -41,6 +51,10 @@ def engine_driver(target: Any, config: Config) -> EngineDriver:
     own = getattr(target, "engine_driver", None)
     if callable(own):
         return own(config)
+    from kvspec.targets.nanovllm_target import NanoTarget
+    if isinstance(target, NanoTarget):
+        from kvspec.engine.nano_engine import engine_driver_for
+        return engine_driver_for(target, config)
     from kvspec.targets.vllm_target import VllmTarget
     if isinstance(target, VllmTarget):
         from kvspec.engine.vllm_engine import SCHEDULER_MODULE, VllmEngine

@@ -46,9 +46,13 @@ class EngineMachine(KVMachine):
     @initialize(data=st.data())
     def setup(self, data):
         n = data.draw(st.integers(6, 16), label="num_blocks")
-        caching = data.draw(st.sampled_from((True, True, True, False)), label="caching")
-        # n-gram speculative decoding in some examples: steps then propose and accept drafts
-        self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens")
+        modes = getattr(self.target.traits, "caching_modes", (True, False))   # only what the engine can run
+        caching = modes[0] if len(modes) == 1 else data.draw(st.sampled_from((True, True, True, False)),
+                                                              label="caching")
+        # n-gram speculative decoding in some examples (engines that have it): steps propose and accept drafts
+        from kvspec.engine.drivers import supports_spec_decode
+        self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens") \
+            if supports_spec_decode(self.target) else 0
         self.arrived: list[str] = []
         self.usable = (n - 1) * BLOCK_SIZE   # tokens the pool can hold for one request (null block aside)
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
@@ -74,7 +78,8 @@ class EngineMachine(KVMachine):
         accepted = data.draw(st.integers(0, self.spec), label="accepted") if self.spec else 0
         self.run(EngineStep(token=token, drafts=drafts, accepted=accepted))
 
-    @precondition(lambda self: bool(self.arrived))
+    @precondition(lambda self: bool(self.arrived) and self.session is not None
+                  and getattr(self.session.engine, "native_abort", True) is not None)   # an engine without abort
     @rule(data=st.data())
     def abort(self, data):
         self.run(Abort(data.draw(st.sampled_from(self.arrived), label="req")))

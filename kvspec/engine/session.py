@@ -58,7 +58,8 @@ class _Replayed(Target):
 
     def __init__(self, target: Target, first: Observation) -> None:
         self.name = target.name
-        self.traits = target.traits
+        self.traits = target.traits   # (the group-aware model only for targets that declare cache_features:
+        # it does not follow nano-vllm's admit_all_blocks admission)
         self.replay = _ReplayDriver(first)
 
     def driver(self, config: Config) -> Driver:
@@ -91,6 +92,7 @@ class EngineSession:
         self.last_result: Any = None
         self.dead = False
         self.unfollowed: Optional[str] = None  # why the model stopped following the engine (Unexpressible)
+        self._before: dict[str, int] = {}      # computed tokens per request before the current event
 
     @property
     def model(self) -> Any:
@@ -146,6 +148,7 @@ class EngineSession:
             return [Violation("NO_CRASH", f"{op!r} is valid here but the engine raised {type(ex).__name__}: {ex}")]
         self.last_result = facts
         reported = hasattr(self.engine, "manager_calls")
+        before = self._before
         calls = self.engine.manager_calls() if reported else []
         allocated: dict[str, int] = {}
         for call in calls:
@@ -165,4 +168,6 @@ class EngineSession:
             if found:
                 return [dataclasses.replace(v, message=f"{op!r}, at the scheduler's call {cop!r}: {v.message}")
                         for v in found]
-        return check_event(op, facts, self.engine, allocated if reported else None)
+        self._before = dict(self.engine.computed())
+        return check_event(op, facts, self.engine, allocated if reported else None, before,
+                           shared_slots=bool(getattr(self.traits, "whole_prompt_hits", False)))

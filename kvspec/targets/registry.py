@@ -71,7 +71,9 @@ def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
         except ImportError as e:
             raise TargetError(f"target {spec}: cannot import the nano-vllm adapter: {e}") from None
         package = spec.split(":", 1)[1] if ":" in spec else "nanovllm"
-        return NanoVllmTarget(package, patch_text=diff, patch_name=patch)
+        t = NanoVllmTarget(package, patch_text=diff, patch_name=patch)
+        t.patch_text = diff  # the engine level loads the package's scheduler under the same diff
+        return t
     if ":" in spec:
         try:
             from kvspec.targets.user_target import load_user_target
