@@ -113,41 +113,20 @@ def test_tied_sizes_keep_the_sequences_own_block_size():
     assert tied_block_size(None) is None
 
 
-PAGED_SEQUENCE = '''
-class Sequence:
-    block_size = 16
-    page_size = 8  # a page divides a block; pages per block = block_size // page_size
-
-    def __init__(self, token_ids):
-        assert self.block_size % self.page_size == 0 and self.block_size >= self.page_size
-        self.token_ids = list(token_ids)
-        self.block_table = []
-        self.num_cached_tokens = 0
-
-    def __len__(self):
-        return len(self.token_ids)
-
-    @property
-    def num_blocks(self):
-        assert self.block_size % self.page_size == 0  # a run at a smaller block size would break this tie
-        return (len(self.token_ids) + self.block_size - 1) // self.block_size
-
-    @property
-    def last_block_num_tokens(self):
-        return len(self.token_ids) - (self.num_blocks - 1) * self.block_size
-
-    def block(self, i):
-        return self.token_ids[i * self.block_size:(i + 1) * self.block_size]
-
-    def append_token(self, token_id):
-        self.token_ids.append(token_id)
-'''
+def _paged_sequence() -> str:
+    """test_user_loading's nano-shaped Sequence with a page size tied to its block size."""
+    from test_user_loading import SEQUENCE
+    out = SEQUENCE.replace("    block_size = 2\n", "    block_size = 16\n    page_size = 8  # pages divide blocks\n")
+    old = "    def num_blocks(self):\n"
+    assert old in out
+    # a run at a smaller block size would break the tie
+    return out.replace(old, old + "        assert self.block_size % self.page_size == 0\n")
 
 
 def test_a_tied_sequence_runs_without_kvspecs_inconsistency_as_a_finding(tmp_path):
     eng = tmp_path / "paged" / "engine"
     eng.mkdir(parents=True)
-    (eng / "sequence.py").write_text(PAGED_SEQUENCE)
+    (eng / "sequence.py").write_text(_paged_sequence())
     (eng / "block_manager.py").write_text("from paged.engine.sequence import Sequence\n" + EXAMPLE)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-m", "kvspec", "check", "--target",
