@@ -483,3 +483,29 @@ def test_snapshot_and_restore_fork_an_independent_engine():
     again = [copy.step(lambda r, p: 6) for _ in range(4)]
     assert again == first and copy.tables() == drv.tables() and copy.tokens() == drv.tokens()
     assert copy.sched.block_manager._mgr is copy.view.mgr and copy.view.mgr is not drv.view.mgr
+
+
+# -- kvspec check --level engine (the registered path: machine, session, repro) --------------------------
+@pytest.mark.upstream
+@_needs("nanovllm", "nano-vllm-fork")
+def test_check_level_engine_on_the_fork(tmp_path):
+    """`kvspec check --target nanovllm --level engine --max-examples N --seed 0`: the release
+    fails through its own scheduler and its repro is engine events; with both fixes (the
+    whole-prompt hit and the scheduler's preemption) it passes."""
+    from kvspec.check.replay import run_steps
+    from kvspec.check.search import run_check
+    from kvspec.targets.registry import load_target
+
+    report = run_check(load_target("nanovllm"), "nanovllm", level="engine", seed=0, max_examples=100,
+                       report_dir=str(tmp_path))
+    assert report.violations, "the fork's known bugs are not reached in 100 examples"
+    f = report.violations[0]
+    assert f.level == "engine" and f.invariant in ("MAX_HIT", "NO_CRASH"), f.to_dict()
+    assert all(type(op).__name__ in ("Arrive", "EngineStep", "Abort") for op in f.steps)
+    assert run_steps(load_target("nanovllm"), f.config, f.steps).failed
+    both = tmp_path / "both.diff"
+    both.write_text(FORK_FIX.read_text() + (DATA / "fork_preempt_leaves_running.diff").read_text())
+    report = run_check(load_target("nanovllm", patch=str(both)), "nanovllm", level="engine", seed=0,
+                       max_examples=40, report_dir=str(tmp_path), patch=str(both), patch_text=both.read_text())
+    assert report.verdict == "pass", [v.to_dict()["message"] for v in report.violations]
+    assert report.examples >= 40
