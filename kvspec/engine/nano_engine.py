@@ -135,7 +135,7 @@ class NanoEngineDriver:
         self.phase = "idle"                 # "schedule" while schedule() runs: a deallocate then is a preemption
         self.calls: list[ManagerCall] = []
         self.refused: dict[str, ManagerCall] = {}  # req -> its latest refused can_append in this schedule()
-        self.seen: dict[str, int] = {}      # req -> its length at its last recorded manager call
+        self.seen: dict[str, int] = {}      # req -> its length at its last successful allocation
         self.seqs: dict[str, Any] = {}      # live requests (waiting or running)
         self.req_of: dict[int, str] = {}    # id(seq) -> req
         self.max_tokens: dict[str, int] = {}
