@@ -138,6 +138,14 @@ def test_without_ray_one_line_says_how_to_install(tmp_path, monkeypatch):
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "pip install 'ray==2.60.0'" in err, err
 
 
+def test_an_address_nobody_answers_is_one_line_and_exit_2(tmp_path):
+    # before the local Ray below starts: a Ray already running in this process would be used instead
+    rc, out, err = run(["campaign", str(write(tmp_path, TINY)), "--address", "127.0.0.1:1",
+                        "--results", str(tmp_path / "r"), "--json"])
+    assert rc == 2 and "no Ray cluster answers at 127.0.0.1:1" in err.strip().splitlines()[-1], err
+    assert json.loads(out)["verdict"] == "error"
+
+
 def test_findings_dedup_by_invariant_and_steps():
     v = lambda steps: {"invariant": "I4", "message": "m", "steps_text": steps, "minimal": True}
     recs = [{"id": "a", "command": "check", "result": {"violations": [v(["Alloc(n=1)", "Free"])]}},

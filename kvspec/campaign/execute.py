@@ -11,6 +11,8 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
+import socket
 import sys
 import time
 from typing import Callable, Optional, Sequence
@@ -40,6 +42,18 @@ def _lost(job: Job, error: BaseException, retries: int) -> dict:
             "seconds": 0.0, "node": None, "result": None, "repros": {}, "stderr_tail": ""}
 
 
+def _reachable(address: Optional[str], seconds: float = 10.0) -> None:
+    """A HOST:PORT nobody listens on is one line now, not minutes of Ray's reconnecting."""
+    m = re.fullmatch(r"(?:ray://)?\[?([^\]/]+?)\]?:(\d+)", address or "")
+    if not m:
+        return  # "auto", a local instance, or a form Ray resolves itself
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=seconds).close()
+    except (OSError, ValueError) as e:
+        raise UsageError(f"kvspec campaign: no Ray cluster answers at {address}: {e.strerror or e} "
+                         f"(start one with: ray start --head --port=PORT)") from None
+
+
 def connect(address: Optional[str]):
     """ray.init on ``address`` (a local instance when None); returns (ray, started_here)."""
     require_ray()
@@ -47,6 +61,7 @@ def connect(address: Optional[str]):
 
     if ray.is_initialized():  # a caller (a test, a notebook) brought its own Ray: use it, leave it running
         return ray, False
+    _reachable(address)
     try:
         ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
                  logging_level=logging.ERROR, configure_logging=True)
