@@ -177,7 +177,17 @@ class NanoTarget(Target):
             # A manager without an index cannot cache, whatever defaults were applied.
             self.traits = dataclasses.replace(self.traits, prefix_caching="off")
 
+    # Set by the loader when the package's scheduler makes state-changing calls kvspec's cache
+    # level does not (kvspec.targets.scheduler_calls): the cache level refuses to run, in
+    # one line; the engine level, where that scheduler makes its own calls, runs.
+    refusal: Optional[str] = None
+
     def driver(self, config: Config) -> Driver:
+        if self.refusal is not None and config.level != "engine":
+            raise TargetError(self.refusal)
+        return self._driver(config)
+
+    def _driver(self, config: Config) -> Driver:
         return NanoDriver(self.manager_cls, self.seq_cls, self.api, config, self.make, self.names, self.protocol,
                           self.caching_support)
 
@@ -185,7 +195,7 @@ class NanoTarget(Target):
         """Raise TargetError (one line) unless a manager shows what the observation reads."""
         caching = self.traits.caching_modes[0]
         try:
-            d = self.driver(Config(level="cache", num_blocks=4, block_size=2, caching=caching))
+            d = self._driver(Config(level="cache", num_blocks=4, block_size=2, caching=caching))
         except (TargetError, UsageError):
             raise
         except Exception as e:
