@@ -182,6 +182,13 @@ def _levels(target: Target, level: str) -> list[str]:
         return ["engine"]
     supported = list(target.traits.levels)
     if level == "all":
+        if getattr(target, "refusal", None):  # the cache level cannot play this package's scheduler
+            from kvspec.engine.drivers import supports_engine
+            if supports_engine(target):
+                print(f"kvspec: note: {target.refusal.split(': ', 1)[-1].split(', which', 1)[0]}, which only "
+                      f"the package's own scheduler knows when to call: checking through it (--level engine)",
+                      file=sys.stderr)
+                return ["engine"]
         return supported
     if level not in supported:
         raise TargetError(f"target {target.name} does not support the {level} level (it supports: {', '.join(supported)})")
