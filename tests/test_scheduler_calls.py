@@ -143,3 +143,20 @@ def test_by_default_such_a_package_is_checked_through_its_own_scheduler(tmp_path
     assert "which only the package's own scheduler knows when to call: checking through it (--level engine)" in r.stderr
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert len([x for x in r.stderr.splitlines() if x.startswith("kvspec: error")]) == 1
+
+
+def test_a_scheduler_shaped_otherwise_is_refused_at_the_engine_level_not_reported(tmp_path):
+    # nanotiny (tests/data/nano_engine) with its schedule() renamed: kvspec's engine level
+    # cannot make its calls, which is one line and exit 2, never a NO_CRASH finding
+    import shutil
+    shutil.copytree(ROOT / "tests" / "data" / "nano_engine" / "nanotiny", tmp_path / "nanotiny")
+    sched = tmp_path / "nanotiny" / "engine" / "scheduler.py"
+    sched.write_text(sched.read_text().replace("def schedule(self)", "def schedule_prefill(self)"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "kvspec", "check", "--target",
+                        "nanotiny/engine/block_manager.py:BlockManager", "--level", "engine", "--max-examples", "10"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [x for x in r.stderr.splitlines() if x.startswith("kvspec: error")]
+    assert len(errors) == 1 and "no schedule()" in errors[0] and "Traceback" not in r.stderr
+    assert "VIOLATION" not in r.stdout

@@ -119,6 +119,7 @@ class NanoEngineDriver:
             raise
         except Exception as e:
             raise TargetError(f"target {parts.name}: cannot build its Scheduler: {type(e).__name__}: {e}") from None
+        check_scheduler(parts.name, self.sched)
         mgr = getattr(self.sched, "block_manager", None)
         if mgr is None:
             raise TargetError(f"target {parts.name}: its Scheduler keeps no block_manager")
@@ -372,6 +373,45 @@ def _takes_seq(fn: Callable) -> bool:
 
 # -- the targets' engine ---------------------------------------------------------------------------
 _PARTS: dict[tuple, EngineParts] = {}  # loaded once per (package or file, patch): examples build drivers
+
+
+SCHEDULER_CONTRACT = ("add(seq), schedule() -> seqs or (seqs, is_prefill), postprocess(seqs, token_ids[, is_prefill]) "
+                      "or finish(seq), is_finished(); attributes running, waiting, block_manager")
+
+
+def check_scheduler(name: str, sched: Any) -> None:
+    """The calls the engine level makes on a package's Scheduler, checked before the first
+    one (one line, exit 2): a fork whose scheduler is shaped otherwise is kvspec's mismatch,
+    never a finding against it."""
+    def arity_ok(fn: Any, n: int) -> bool:
+        try:
+            inspect.signature(fn).bind(*range(n))
+            return True
+        except TypeError:
+            return False
+        except ValueError:  # no signature to read: let the call decide
+            return True
+
+    problems = []
+    for meth, n in (("add", 1), ("schedule", 0), ("is_finished", 0)):
+        fn = getattr(sched, meth, None)
+        if not callable(fn):
+            problems.append(f"no {meth}()")
+        elif not arity_ok(fn, n):
+            problems.append(f"{meth}{inspect.signature(fn)} cannot be called with {n} argument(s)")
+    post, fin = getattr(sched, "postprocess", None), getattr(sched, "finish", None)
+    if callable(post):
+        if not (arity_ok(post, 2) or arity_ok(post, 3)):
+            problems.append(f"postprocess{inspect.signature(post)} takes neither (seqs, token_ids) nor "
+                            f"(seqs, token_ids, is_prefill)")
+    elif not callable(fin):
+        problems.append("neither postprocess() nor finish()")
+    for attr in ("running", "waiting"):
+        if not hasattr(sched, attr):
+            problems.append(f"no {attr} queue")
+    if problems:
+        raise TargetError(f"target {name}: its Scheduler does not fit the calls kvspec's engine level makes "
+                          f"({'; '.join(problems)}): it drives {SCHEDULER_CONTRACT}")
 
 
 def has_scheduler(target: Any) -> bool:
