@@ -6,7 +6,8 @@
 #
 #   benchmarks/run_patches.sh                       # impl, vllm, nanovllm: 10 seeds, 60 s (the committed report)
 #   TARGETS=impl SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # a CI-sized run
-#   CAMPAIGN=1 benchmarks/run_patches.sh            # the same matrix through `kvspec campaign` (Ray: one task per
+#   CAMPAIGN=1 benchmarks/run_patches.sh            # the same matrix through `kvspec campaign` (PER_JOB=N patches
+#                                                   # per Ray task, default 4: one process start per group; 1: one task per
 #                                                   # patch; RAY_ADDRESS=HEAD:6379 for a cluster; resumable from
 #                                                   # RESULTS, default kvspec-campaign/run-patches), same report
 #   REPORT_DIR=DIR ...                              # write the report there instead of reports/
@@ -29,8 +30,8 @@ if [ "${CAMPAIGN:-0}" != 0 ]; then
   toml="$RESULTS/run_patches.toml"
   { printf '[campaign]\nname = "run-patches"\npatches_report = "%s"\n' "$REPORT_DIR"
     for target in $TARGETS; do
-      printf '\n[[matrix]]\ncommand = "patches"\ntarget = "%s"\nonly = "each"\nseeds = %s\ntimeout = %s\n' \
-        "$target" "$SEEDS" "$TIMEOUT"
+      printf '\n[[matrix]]\ncommand = "patches"\ntarget = "%s"\nonly = "each"\nper_job = %s\nseeds = %s\ntimeout = %s\n' \
+        "$target" "${PER_JOB:-4}" "$SEEDS" "$TIMEOUT"
     done; } > "$toml"
   start=$(date +%s)
   set +e

@@ -23,7 +23,9 @@ Every other key is the command's own option with ``_`` for ``-`` (``kv_groups`` 
 ``--kv-groups``); ``true`` is a flag, ``false`` leaves it out. A check job must be
 deterministic (``max_examples`` or ``derandomize``) unless it names a ``budget``:
 a campaign's verdicts must not depend on how many nodes ran it. For ``patches``,
-``only = "each"`` makes one job per patch of the target's corpus.
+``only = "each"`` makes one job per patch of the target's corpus; with ``per_job = N``, one
+job per N patches (dealt round-robin from the long-first order, so groups take about as
+long): one process start per group instead of per patch, for small machines.
 
 Relative paths: ``patch`` and ``pythonpath`` are relative to the campaign file (they are
 inputs that travel with it); ``results``, ``db`` and ``patches_report`` to the working
@@ -55,7 +57,7 @@ OPTIONS: dict[str, frozenset[str]] = {
                      "caching", "symmetry", "fork", "check_once", "time_cap", "mem_cap"}),
     "patches": frozenset({"target", "seeds", "timeout", "only", "kv_groups"}),
 }
-SPECIAL = frozenset({"command", "release", "pythonpath", "env", "label"})
+SPECIAL = frozenset({"command", "release", "pythonpath", "env", "label", "per_job"})
 CAMPAIGN_KEYS = frozenset({"name", "results", "db", "job_timeout", "retries", "patches_report"})
 PATH_OPTIONS = frozenset({"patch", "db"})
 
@@ -144,6 +146,13 @@ def corpus_ids(target: str) -> list[str]:
         raise UsageError(f"kvspec campaign: only = \"each\": no readable bug corpus for target {target!r} ({f})") from None
 
 
+def _groups(ids: list[str], per_job: int) -> list[str]:
+    """``ids`` in groups of at most ``per_job`` (comma-joined, as ``--only`` takes them),
+    dealt round-robin so that the long patches spread over the groups."""
+    n = -(-len(ids) // per_job)
+    return [",".join(ids[i::n]) for i in range(n)] if ids else []
+
+
 def _resolve(value: Any, key: str, base: Path) -> Any:
     """A relative path in the file is relative to the file; ``corpus:`` stays as written."""
     if key in PATH_OPTIONS and isinstance(value, str) and value and not value.startswith(CORPUS_PREFIX):
@@ -170,10 +179,16 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
     pp = [pp] if isinstance(pp, str) else pp
     if not isinstance(pp, list) or not all(isinstance(x, str) for x in pp):
         raise _fail(path, f"{where}: pythonpath must be a list of paths")
-    if command == "patches" and table.get("only") == "each":  # one job per patch, of each target's own corpus
+    per_job = table.get("per_job", 1)
+    if not isinstance(per_job, int) or isinstance(per_job, bool) or per_job < 1:
+        raise _fail(path, f"{where}: per_job must be a whole number, 1 or more (got {per_job!r})")
+    if "per_job" in table and table.get("only") != "each":
+        raise _fail(path, f"{where}: per_job goes with only = \"each\"")
+    if command == "patches" and table.get("only") == "each":  # one job per patch (or per_job), of each target's corpus
         targets = table.get("target", "impl")
+        rest = {k: v for k, v in table.items() if k != "per_job"}
         return [j for t in (targets if isinstance(targets, list) else [targets])
-                for j in _expand_table({**table, "target": t, "only": corpus_ids(t)}, n, path, camp)]
+                for j in _expand_table({**rest, "target": t, "only": _groups(corpus_ids(t), per_job)}, n, path, camp)]
     opts = {k: v for k, v in table.items() if k not in SPECIAL}
     if command == "check" and "max_examples" not in opts and not opts.get("derandomize") and "budget" not in opts:
         raise _fail(path, f"{where}: a check job needs max_examples (deterministic) or an explicit budget (seconds)")
