@@ -112,7 +112,18 @@ def test_only_each_makes_one_job_per_patch(tmp_path):
     assert sorted(j.options["only"] for j in load_campaign(f).jobs) == sorted(b["id"] for b in corpus)
 
 
+def test_per_job_groups_the_patches_and_keeps_every_one_once(tmp_path):
+    f = write(tmp_path, '[[matrix]]\ncommand = "patches"\ntarget = "impl"\nonly = "each"\nper_job = 4\nseeds = 1\n'
+                        'timeout = 5\n')
+    corpus = json.loads((Path(__file__).resolve().parents[1] / "kvspec/corpus/impl/bugs.json").read_text())
+    groups = [j.options["only"].split(",") for j in load_campaign(f).jobs]
+    assert len(groups) == -(-len(corpus) // 4) and all(len(g) <= 4 for g in groups)
+    assert sorted(i for g in groups for i in g) == sorted(b["id"] for b in corpus)
+
+
 @pytest.mark.parametrize("text, says", [
+    ("[[matrix]]\ncommand = 'patches'\nper_job = 2\n", "per_job goes with only"),
+    ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nper_job = 0\n", "per_job must be"),
     ("not = [toml", "not valid TOML"),
     ("[campaign]\nname = 'x'\n", "no [[matrix]]"),
     ("[[matrix]]\ncommand = 'fuzz'\n", "command must be one of"),
