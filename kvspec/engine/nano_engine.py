@@ -118,7 +118,8 @@ class NanoEngineDriver:
         except TargetError:
             raise
         except Exception as e:
-            raise TargetError(f"target {parts.name}: cannot build its Scheduler: {type(e).__name__}: {e}") from None
+            from kvspec.targets.contract import describe_exception  # a bare assert: where, and its line
+            raise TargetError(f"target {parts.name}: cannot build its Scheduler: {describe_exception(e)}") from None
         check_scheduler(parts.name, self.sched)
         mgr = getattr(self.sched, "block_manager", None)
         if mgr is None:
