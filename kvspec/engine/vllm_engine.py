@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from kvspec.engine import vllm_compat_engine as compat   # HOOK: older releases' API (0.9.x), see that module
 from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.errors import TargetError
 from kvspec.spec.observation import Observation, RequestState
@@ -71,11 +72,12 @@ def vllm_config(shape: EngineShape) -> Any:
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its notes on a tiny budget are not findings
+    compat.cpu_platform()
     model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32",
                         max_model_len=shape.max_model_len)
-    sched = SchedulerConfig(max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-                            max_model_len=shape.max_model_len, enable_chunked_prefill=True,
-                            is_encoder_decoder=False)
+    sched = SchedulerConfig(**compat.accepted(SchedulerConfig, dict(
+        max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
+        max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False)))
     cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
     cache.num_gpu_blocks = shape.num_blocks
     parallel = ParallelConfig()
@@ -138,18 +140,20 @@ class VllmEngine:
 
         self.ModelRunnerOutput = ModelRunnerOutput
         cfg = vllm_config(shape)
-        kv = build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, mods["vllm.v1.kv_cache_interface"])
+        iface = mods["vllm.v1.kv_cache_interface"]
+        kv = (compat.legacy_kv_cache_config(iface, shape.kv_groups, shape.num_blocks, shape.block_size)
+              if compat.is_legacy(self.request_mod) else
+              build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface))
         logging.getLogger("vllm").setLevel(logging.ERROR)
         self.sched = sched_mod.Scheduler(vllm_config=cfg, kv_cache_config=kv,
-                                         structured_output_manager=StructuredOutputManager(cfg),
-                                         block_size=shape.block_size)
+                                         structured_output_manager=compat.structured_output_manager(
+                                             StructuredOutputManager, cfg, compat.is_legacy(self.request_mod)),
+                                         **compat.scheduler_kwargs(sched_mod.Scheduler, shape.block_size))
         if getattr(self.sched, "defer_block_free", False):
             raise TargetError("vllm engine: this configuration defers block frees, which the engine level does not model")
         self.mgr = self.sched.kv_cache_manager
         self.sched.kv_cache_manager = _Recorder(self.mgr, self)
-        from kvspec.targets.vllm_target import Upstream
-        up = Upstream(mods)   # vLLM's sha256 block hashing, initialized as the engine does
-        self.hasher = up.utils.get_request_block_hasher(shape.block_size, up.hash_fn)
+        self.hasher = compat.block_hasher(mods, shape.block_size)   # vLLM's sha256 block hashing, as the engine
         self.extras: dict[str, Optional[str]] = {}
         self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them
         self._calls: list[ManagerCall] = []
@@ -196,11 +200,11 @@ class VllmEngine:
     # -- engine events -----------------------------------------------------------------
     def arrive(self, req: str, prompt: tuple[int, ...], max_tokens: int, extra: Optional[str]) -> None:
         try:
-            kw = parse_extra(extra)
+            kw = compat.request_extras(extra, compat.is_legacy(self.request_mod), parse_extra)
         except ValueError as e:
             raise TargetError(f"vllm engine: {e}") from None
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        r = self.request_mod.Request(req, list(prompt), params, None, block_hasher=self.hasher, **kw)
+        r = compat.new_request(self.request_mod, req, list(prompt), params, self.hasher, kw)
         self.extras[req] = extra
         self.sched.add_request(r)
 
@@ -229,15 +233,16 @@ class VllmEngine:
         preempted = tuple(sorted(rid for rid in running_before
                                  if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
         ids = list(scheduled)
-        mro = self.ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                     sampled_token_ids=sampled)
+        k = min(drafts, self.shape.spec_tokens)
+        in_output = compat.drafts_in_output(s)   # 0.9.x: proposals come with the step's output
+        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled,
+                                         compat.proposals(ids, k, sample, self.shape.spec_tokens > 0) if in_output else None)
         live = set(s.requests)
         s.update_from_output(out, mro)
         self._accepted.clear()
         finished = tuple(sorted(rid for rid in live
                                 if rid not in s.requests or s.requests[rid].is_finished()))
-        k = min(drafts, self.shape.spec_tokens)
-        if k > 0:   # the drafter proposes for the next step (vLLM ignores it for a prefill chunk)
+        if k > 0 and not in_output:   # the drafter proposes for the next step (vLLM ignores it for a prefill chunk)
             from vllm.v1.outputs import DraftTokenIds
             ids = [r.request_id for r in s.running]
             s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
@@ -248,17 +253,17 @@ class VllmEngine:
 
     # -- reading the state -------------------------------------------------------------
     def _table(self, rid: str, group: int) -> tuple[int, ...]:
-        mgr = self.mgr.coordinator.single_type_managers[group]
+        mgr = compat.single_type_managers(self.mgr)[group]
         return tuple(b.block_id for b in mgr.req_to_blocks.get(rid, ()))   # .get: never adds an entry
 
     def _holders(self) -> list[str]:
         rids: set[str] = set()
-        for mgr in self.mgr.coordinator.single_type_managers:
+        for mgr in compat.single_type_managers(self.mgr):
             rids |= {rid for rid, blocks in mgr.req_to_blocks.items() if blocks}
         return sorted(rids)
 
     def observe(self) -> Observation:
-        groups = len(self.mgr.coordinator.single_type_managers)
+        groups = len(compat.single_type_managers(self.mgr))
         reqs = {}
         for rid in self._holders():
             t = [self._table(rid, g) for g in range(groups)]

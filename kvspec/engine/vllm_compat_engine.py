@@ -1,0 +1,174 @@
+"""What ``VllmEngine`` needs to drive an older vLLM release's v1 ``Scheduler`` (0.9.x).
+
+The engine level was written against vLLM 0.33.0. A release from before the KV-cache
+coordinator (0.9.x) differs in five places the engine touches, and nowhere else:
+
+- ``Request`` takes multimodal inputs, hashes, placeholders, an EOS id and an arrival
+  time positionally, and no ``block_hasher`` (the manager hashes a request's tokens
+  itself, into ``req_to_block_hashes``: the list vllm#19459 is about);
+- ``Scheduler`` takes no ``block_size``;
+- ``ModelRunnerOutput`` has required fields beyond the sampled tokens, and carries the
+  drafter's proposals (``spec_token_ids``) instead of ``update_draft_token_ids``;
+- the manager holds one ``single_type_manager`` instead of a coordinator's list;
+- ``Upstream``'s per-request block hasher does not exist.
+
+Each helper answers for either API, so the 0.33.0 path is unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, Optional
+
+
+def is_legacy(request_mod: Any) -> bool:
+    """True for a release whose ``Request`` has no ``block_hasher`` (0.9.x)."""
+    return "block_hasher" not in inspect.signature(request_mod.Request.__init__).parameters
+
+
+def block_hasher(mods: dict[str, Any], block_size: int) -> Optional[Any]:
+    """The current API's per-request block hasher; None where the manager hashes itself."""
+    if is_legacy(mods["vllm.v1.request"]):
+        return None
+    from kvspec.targets.vllm_target import Upstream
+    up = Upstream(mods)
+    return up.utils.get_request_block_hasher(block_size, up.hash_fn)
+
+
+def new_request(request_mod: Any, rid: str, prompt: list[int], params: Any, hasher: Optional[Any],
+                kw: dict[str, Any]) -> Any:
+    """A ``Request`` built through whichever constructor the release has."""
+    if not is_legacy(request_mod):
+        return request_mod.Request(rid, prompt, params, None, block_hasher=hasher, **kw)
+    return request_mod.Request(rid, prompt, None, None, None, params, None, 0.0, **kw)
+
+
+def scheduler_kwargs(sched_cls: Any, block_size: int) -> dict[str, Any]:
+    """``block_size`` only where the Scheduler takes it."""
+    return {"block_size": block_size} if "block_size" in inspect.signature(sched_cls.__init__).parameters else {}
+
+
+def single_type_managers(mgr: Any) -> list[Any]:
+    """The manager's per-group managers (0.9.x has exactly one)."""
+    coord = getattr(mgr, "coordinator", None)
+    return list(coord.single_type_managers) if coord is not None else [mgr.single_type_manager]
+
+
+def model_runner_output(cls: Any, ids: list[str], sampled: list[list[int]],
+                        drafts: Optional[list[list[int]]]) -> Any:
+    """A ``ModelRunnerOutput``; on a release whose output carries the drafter's proposals,
+    ``drafts`` (one list per scheduled request) go in ``spec_token_ids``."""
+    kw: dict[str, Any] = dict(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                              sampled_token_ids=sampled)
+    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING} if names else set()
+    if "spec_token_ids" in names:
+        kw["spec_token_ids"] = drafts
+    for name in required - kw.keys():   # the fields a CPU run without a model leaves empty
+        kw[name] = {} if name.endswith("_dict") else None
+    return cls(**kw)
+
+
+def drafts_in_output(sched: Any) -> bool:
+    """True where proposals travel in the ModelRunnerOutput (no ``update_draft_token_ids``)."""
+    return not callable(getattr(sched, "update_draft_token_ids", None))
+
+
+def proposals(ids: list[str], k: int, sample: Callable[[str, int], int], spec_on: bool) -> Optional[list[list[int]]]:
+    """``k`` proposed draft tokens for each request in ``ids``. With speculative decoding
+    on, 0.9.x's runner returns a list for every request every step, empty when the
+    drafter proposes nothing; its scheduler keeps a request's old drafts otherwise (it
+    does not clear ``spec_token_ids`` once scheduled). None: speculative decoding off."""
+    return [[sample(rid, -1)] * k for rid in ids] if spec_on else None
+
+
+def accepted(cls: Any, kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` less the arguments ``cls`` does not take (0.9.x's ``SchedulerConfig`` has no
+    ``is_encoder_decoder``: it reads that off the model config)."""
+    params = inspect.signature(cls).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return kw
+    return {k: v for k, v in kw.items() if k in params}
+
+
+def cpu_platform() -> None:
+    """0.9.x detects a CPU platform only from a "cpu" build tag or macOS, so here (where
+    the installed build is a GPU one) it resolves ``UnspecifiedPlatform``, whose
+    ``VllmConfig`` checks raise ``NotImplementedError``. Modules bound that instance at
+    import, so it becomes the release's ``CpuPlatform`` in place. A no-op elsewhere."""
+    import vllm.platforms as platforms
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.platforms.interface import UnspecifiedPlatform
+    current = platforms.current_platform
+    if type(current) is UnspecifiedPlatform:
+        current.__class__ = type("SchedulerOnlyCpuPlatform", (CpuPlatform,), {
+            # CpuPlatform's own fix-ups are for its worker (IPEX block sizes, threads, the
+            # worker class): no model runs here, so none applies; the scheduler's are kept.
+            "check_and_update_config": classmethod(lambda cls, vllm_config: None)})
+
+
+def legacy_kv_cache_config(iface: Any, spec: str, num_blocks: int, block_size: int) -> Any:
+    """0.9.x's ``KVCacheConfig`` (``tensors``; specs need ``use_mla``): one full-attention
+    group, the only kind its single-type manager takes here; other ``--kv-groups`` are refused."""
+    import torch
+
+    from kvspec.errors import TargetError
+    if (spec or "full") != "full":
+        raise TargetError(f"vllm engine: --kv-groups {spec}: this release's KV manager runs one group (full) here")
+    group = iface.KVCacheGroupSpec(["model.layers.0.attn"], iface.FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False))
+    return iface.KVCacheConfig(num_blocks=num_blocks, tensors={}, kv_cache_groups=[group])
+
+
+def structured_output_manager(cls: Any, cfg: Any, legacy: bool) -> Any:
+    """0.9.x's ``StructuredOutputManager`` loads a tokenizer in its constructor, even with
+    ``skip_tokenizer_init`` (and the tiny model has none). The scheduler only asks it about
+    requests with structured output, which are never drawn, so there the real class is
+    built without its constructor, holding what those answers read."""
+    if not legacy:
+        return cls(cfg)
+    som = cls.__new__(cls)
+    som.backend, som.reasoner, som.vllm_config, som._grammar_bitmask = None, None, cfg, None
+    return som
+
+
+def request_extras(label: Optional[str], legacy: bool, current: Callable[[Optional[str]], dict]) -> dict:
+    """An arrival's extra keys as ``Request`` keywords. 0.9.x has no ``MultiModalFeatureSpec``;
+    the engine machine draws only cache salts, which it takes as ``cache_salt`` too."""
+    if not legacy or not label:
+        return current(label)
+    out: dict[str, Any] = {}
+    for item in label.split(";"):
+        kind, _, value = item.partition(":")
+        if kind != "salt" or not value:
+            raise ValueError(f"extra key {item!r} is not driven on this release (cache salts only)")
+        out["cache_salt"] = value
+    return out
+
+
+def _no_replay(self: Any) -> Any:
+    raise AttributeError("manager_calls: not replayed on this release (see legacy_engine)")
+
+
+def legacy_engine(engine_cls: type) -> type:
+    """The engine class for a 0.9.x release: the same driver, minus ``manager_calls``, so
+    the engine session does not replay the scheduler's manager calls through the cache
+    model. That model's admission follows the current manager (whose chunked-prefill
+    admission 0.9.x's does not share: on 0.9.0 seed 0 it calls an 8-token chunk of a
+    16-token prompt with 3 blocks free "admitted although too few blocks were free"), so
+    on 0.9.x it would report the model's difference, not a bug. What stays: a crash or
+    hang of the scheduler, and the engine-level checks (slots, computed tokens backed,
+    preempted/finished requests holding nothing: ``kvspec.engine.checks``)."""
+    return type("Legacy" + engine_cls.__name__, (engine_cls,), {"manager_calls": property(_no_replay)})
+
+
+LEGACY_RELEASES = ((0, 9),)   # the releases this module was checked on (0.9.0); 0.10-0.25 stay refused
+
+
+def drivable_legacy(request_mod: Any) -> bool:
+    """True for a release this module drives: the old ``Request`` API, and a 0.9.x version."""
+    if not is_legacy(request_mod):
+        return False
+    from vllm.version import __version_tuple__
+    return tuple(__version_tuple__[:2]) in LEGACY_RELEASES
