@@ -25,8 +25,10 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
                 shared_slots: bool = False) -> list[Violation]:
     """``allocated``: request -> tokens the manager's successful allocations this event
     made room for (None: the engine does not report its manager calls). ``before``:
-    request -> computed tokens before the event: scheduled positions below it already had
-    room (a declared whole-prompt hit recomputes its cached last token in place).
+    request -> tokens it held room for when the step was scheduled (its computed tokens
+    before the event, or the prefix-cache hit of an admission in this event): scheduled
+    positions below it already had room (a declared whole-prompt hit recomputes its
+    cached last token in place, in a slot its admission holds).
     ``shared_slots``: two requests may write one slot in a step (whole-prompt hits on the
     same cached block write the same KV)."""
     obs = driver.observe()

@@ -151,9 +151,16 @@ class EngineSession:
         before = self._before
         calls = self.engine.manager_calls() if reported else []
         allocated: dict[str, int] = {}
+        held = dict(before)  # positions below these already had a slot when the step was scheduled
         for call in calls:
             if call.ok and call.kind in ("admit", "grow"):
                 allocated[call.req] = allocated.get(call.req, 0) + call.new
+            if call.kind in ("preempt", "finish"):
+                held[call.req] = 0
+            elif call.ok and call.kind == "admit":
+                # an admission holds its prefix-cache hit: a whole-prompt hit admitted and decoded in
+                # one event (voxcpm) recomputes its last prompt token in a slot the admission holds
+                held[call.req] = call.hit
             if self.unfollowed is not None:
                 continue
             try:
@@ -169,5 +176,5 @@ class EngineSession:
                 return [dataclasses.replace(v, message=f"{op!r}, at the scheduler's call {cop!r}: {v.message}")
                         for v in found]
         self._before = dict(self.engine.computed())
-        return check_event(op, facts, self.engine, allocated if reported else None, before,
+        return check_event(op, facts, self.engine, allocated if reported else None, held,
                            shared_slots=bool(getattr(self.traits, "whole_prompt_hits", False)))
