@@ -101,3 +101,25 @@ def test_the_pytest_plugin_runs_the_engine_machine(tmp_path):
     with pytest.raises(KvspecFailure) as e:
         run_machine(target, "vllm", "engine", RunOptions(level="engine", max_examples=BOUND, repro_dir=str(tmp_path)))
     assert "NO_LEAK" in str(e.value) and "engine" in str(e.value)
+
+
+def test_kv_groups_follow_vllms_own_validation(monkeypatch):
+    """A chunk that is not a whole number of blocks is refused citing vLLM's assert; a
+    chunked group is accepted where vLLM's switch is on (its 0.33.0 default), refused where
+    it is off, reading the switch as vLLM itself does (vllm.envs)."""
+    from kvspec.engine.drivers import engine_shape
+    from kvspec.errors import TargetError
+    import vllm.envs as envs
+
+    def shape(groups: str):
+        return engine_shape(Config(level="engine", num_blocks=8, block_size=4, kv_groups=groups))
+
+    with pytest.raises(TargetError, match=r"attn_chunk_size % block_size == 0"):
+        shape("full,chunked:6")
+    monkeypatch.delenv("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", raising=False)
+    if envs.VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE:  # vLLM's default where unset
+        assert shape("full,chunked:8").kv_groups == "full,chunked:8"
+    monkeypatch.setenv("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "0")
+    with pytest.raises(TargetError, match="is off"):
+        shape("full,chunked:8")
+    assert shape("full,swa:4").kv_groups == "full,swa:4"

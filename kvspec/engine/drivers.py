@@ -13,20 +13,36 @@ from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 
 
-CHUNKED_OFF = ("vllm engine: --kv-groups {spec}: vLLM turns the hybrid KV-cache manager off for chunked local "
-               "attention (and plans it as full attention) unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1 "
-               "(vllm/v1/core/kv_cache_planning.py), so its engine never runs a chunked group by default")
+CHUNKED_OFF = ("vllm engine: --kv-groups {spec}: VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is off, and then "
+               "vLLM plans chunked local attention as full attention with the hybrid KV-cache manager off "
+               "(vllm/v1/core/kv_cache_planning.py), so its engine never runs a chunked group (it is on by default "
+               "in vLLM 0.33.0, vllm/envs.py)")
+CHUNK_NOT_BLOCKS = ("vllm engine: --kv-groups {spec}: a chunk of {chunk} tokens is not a whole number of "
+                    "{block_size}-token blocks, which vLLM's attention metadata refuses "
+                    "(assert attn_chunk_size % block_size == 0, vllm/v1/attention/backends/utils.py)")
+
+
+def _chunked_hybrid_allowed() -> bool:
+    """vLLM's own reading of the switch (its default where unset: on in 0.33.0)."""
+    try:
+        import vllm.envs as envs
+        return bool(envs.VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE)
+    except Exception:  # an older vLLM without the switch
+        import os
+        return os.environ.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE", "1") != "0"
 
 
 def engine_shape(config: Config) -> Any:
-    """The vLLM engine's shape for ``config``; a KV-group set vLLM's own planning would not
-    build is refused with one line citing the check."""
-    import os
-
+    """The vLLM engine's shape for ``config``; a KV-group set vLLM's own validation or
+    planning would not build is refused with one line citing the check."""
     from kvspec.engine.vllm_engine import EngineShape
     spec = config.kv_groups or "full"
-    if "chunked" in spec and os.environ.get("VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE") != "1":
+    chunks = [g.split(":", 1)[1] for g in spec.split(",") if g.strip().startswith("chunked:")]
+    if chunks and not _chunked_hybrid_allowed():
         raise TargetError(CHUNKED_OFF.format(spec=spec))
+    for c in chunks:
+        if c.strip().isdigit() and int(c) % config.block_size:
+            raise TargetError(CHUNK_NOT_BLOCKS.format(spec=spec, chunk=int(c), block_size=config.block_size))
     return EngineShape(block_size=config.block_size, num_blocks=config.num_blocks, caching=config.caching,
                        kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0))
 
