@@ -398,6 +398,7 @@ def test_npu_with_its_fix_passes():
 def session_run(package: str, patch: Optional[str], programs: list[list[tuple]], blocks: int = 5):
     """(the first finding, its program) of ``programs`` through kvspec.engine.session.EngineSession."""
     from kvspec.engine.nano_engine import engine_driver_for
+    from kvspec.check.session import Session
     from kvspec.engine.session import EngineSession
     from kvspec.spec.config import Config
     from kvspec.spec.ops import Abort, Arrive, EngineStep
@@ -407,7 +408,8 @@ def session_run(package: str, patch: Optional[str], programs: list[list[tuple]],
     target.patch_text = patch
     target.engine_driver = lambda config: engine_driver_for(target, config)
     for prog in programs:
-        s = EngineSession(target, Config(level="engine", num_blocks=blocks, block_size=2, caching=True))
+        s = Session(target, Config(level="engine", num_blocks=blocks, block_size=2, caching=True))
+        assert isinstance(s, EngineSession)  # an engine-level config builds the engine's session
         ops = [Arrive(o[1], o[2], o[3]) if o[0] == "arrive" else Abort(o[1]) if o[0] == "abort"
                else EngineStep(token=o[1]) for o in prog]
         for op in ops + [EngineStep(token=3)] * 30:

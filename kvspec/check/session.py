@@ -188,7 +188,7 @@ class Session:
         # no arguments: kvspec.mc.fork builds a bare Session to fill from a saved state
         if config is not None and config.level == "engine":  # the engine level's session (kvspec.engine.session)
             from kvspec.engine.session import EngineSession
-            return EngineSession(target, config, incremental)
+            return EngineSession(target, config, incremental, cache_session=cls)
         return super().__new__(cls)
 
     def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:

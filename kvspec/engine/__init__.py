@@ -16,8 +16,8 @@ observation and the scheduler's decisions (``StepFacts``) after every engine ste
     session       EngineSession: what ``kvspec.check.session.Session`` is at the engine level
     machine       the Hypothesis machine of engine events
 
-May import: kvspec.spec, kvspec.targets, kvspec.errors, kvspec.patching, and, to reuse the
-cache level's checking whole, kvspec.check.session and kvspec.stateful.base. Not
-kvspec.mc / report / corpus / cli. kvspec.check imports this package only inside the
-functions that dispatch the engine level (no module-level cycle).
+May import: kvspec.spec, kvspec.targets, kvspec.errors, kvspec.patching, and, for the
+machine, kvspec.stateful.base. Not kvspec.check, mc, report, corpus or cli: the cache
+level's Session, which EngineSession reuses whole to check the replayed calls, is handed
+in by ``kvspec.check.session.Session`` itself, so the two never import each other.
 """

@@ -74,16 +74,17 @@ class EngineSession:
 
     step_check: Optional[Any] = None
 
-    def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:
-        from kvspec.check.session import Session
-
+    def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None, *,
+                 cache_session: type) -> None:
+        # cache_session: kvspec.check.session.Session, handed in by it (Session(target, config)
+        # with an engine-level config builds this), so this package never imports the checker
         self.target = target
         self.config = config
         self.traits = target.traits
         self.op_timeout = watchdog.default()
         self.engine: EngineDriver = engine_driver(target, config)
         self._replayed = _Replayed(target, self.engine.observe())
-        self.cache = Session(self._replayed, dataclasses.replace(config, level="cache", spec_tokens=0),
+        self.cache = cache_session(self._replayed, dataclasses.replace(config, level="cache", spec_tokens=0),
                              incremental=False)
         engine_model(self.cache.model)
         self.initial: list[Violation] = self.cache.initial
