@@ -182,12 +182,11 @@ def _levels(target: Target, level: str) -> list[str]:
         return ["engine"]
     supported = list(target.traits.levels)
     if level == "all":
-        if getattr(target, "refusal", None):  # the cache level cannot play this package's scheduler
+        if getattr(target, "undriven", ()):  # the cache level cannot play this package's scheduler
             from kvspec.engine.drivers import supports_engine
+            from kvspec.targets.scheduler_calls import engine_note
             if supports_engine(target):
-                print(f"kvspec: note: {target.refusal.split(': ', 1)[-1].split(', which', 1)[0]}, which only "
-                      f"the package's own scheduler knows when to call: checking through it (--level engine)",
-                      file=sys.stderr)
+                print(f"kvspec: note: {engine_note(list(target.undriven), Path.cwd())}", file=sys.stderr)
                 return ["engine"]
         return supported
     if level not in supported:

@@ -478,8 +478,8 @@ class NanoDriver(Driver):
 # The driver's fields that never change after __init__: shared by every clone, not copied.
 _FIXED = frozenset({"names", "protocol", "caching", "bs", "scale", "seq_cls", "make_seq", "api", "counted",
                     "chunked", "meth", "hash_blocks_args", "alloc_args", "hook"})
-_ATOMS = (int, float, str, bytes, bool, type(None), complex, range, type, FunctionType, BuiltinFunctionType,
-          ModuleType, MethodType)
+_ATOMS = frozenset({int, float, str, bytes, bool, type(None), complex, range})  # immutable: shared
+_SHARED_KINDS = (type, FunctionType, BuiltinFunctionType, ModuleType, MethodType, Enum)  # not state: shared
 
 
 def _clone(obj: Any, memo: dict) -> Any:
@@ -488,13 +488,13 @@ def _clone(obj: Any, memo: dict) -> Any:
     a state once per transition. Anything else (slots, custom copy hooks, arrays) goes to
     ``copy.deepcopy`` with the same memo, so shared references stay shared."""
     t = type(obj)
-    if t in _ATOMS or isinstance(obj, _ATOMS[8:]) or isinstance(obj, Enum):
+    if t in _ATOMS or isinstance(obj, _SHARED_KINDS):
         return obj
     found = memo.get(id(obj))
     if found is not None:
         return found
     if t is list:
-        if all(type(x) in _SCALARS for x in obj):  # token ids, block tables: the common case
+        if all(type(x) in _ATOMS for x in obj):  # token ids, block tables: the common case
             c: Any = obj[:]
             memo[id(obj)] = c
             return c
@@ -507,10 +507,10 @@ def _clone(obj: Any, memo: dict) -> Any:
         for k, v in obj.items():
             c[_clone(k, memo)] = _clone(v, memo)
     elif t is set:
-        c = obj.copy() if all(type(x) in _SCALARS for x in obj) else {_clone(x, memo) for x in obj}
+        c = obj.copy() if all(type(x) in _ATOMS for x in obj) else {_clone(x, memo) for x in obj}
         memo[id(obj)] = c
     elif t is tuple or t is frozenset:
-        if all(type(x) in _SCALARS for x in obj):  # immutable all the way down: share it
+        if all(type(x) in _ATOMS for x in obj):  # immutable all the way down: share it
             return obj
         c = t(_clone(x, memo) for x in obj)
         memo[id(obj)] = c
@@ -531,7 +531,6 @@ def _clone(obj: Any, memo: dict) -> Any:
 
 
 _PLAIN: dict = {}
-_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})
 
 
 def _plain(t: type) -> bool:

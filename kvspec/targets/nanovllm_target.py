@@ -177,14 +177,17 @@ class NanoTarget(Target):
             # A manager without an index cannot cache, whatever defaults were applied.
             self.traits = dataclasses.replace(self.traits, prefix_caching="off")
 
-    # Set by the loader when the package's scheduler makes state-changing calls kvspec's cache
-    # level does not (kvspec.targets.scheduler_calls): the cache level refuses to run, in
-    # one line; the engine level, where that scheduler makes its own calls, runs.
-    refusal: Optional[str] = None
+    # Set by the loader: the state-changing calls the package's scheduler makes that kvspec's
+    # cache level does not (kvspec.targets.scheduler_calls.UndrivenCall). The cache level
+    # then refuses to run, in one line; the engine level, where that scheduler makes its
+    # own calls, runs.
+    undriven: tuple = ()
 
     def driver(self, config: Config) -> Driver:
-        if self.refusal is not None and config.level != "engine":
-            raise TargetError(self.refusal)
+        if self.undriven and config.level != "engine":
+            from pathlib import Path
+            from kvspec.targets.scheduler_calls import refusal
+            raise TargetError(refusal(self.name, list(self.undriven), Path.cwd()))
         return self._driver(config)
 
     def _driver(self, config: Config) -> Driver:

@@ -223,6 +223,13 @@ def refusal(spec: str, calls: list[UndrivenCall], root: Optional[Path] = None) -
             f"package's own scheduler drive it with --level engine")
 
 
+def engine_note(calls: list[UndrivenCall], root: Optional[Path] = None) -> str:
+    """The note when the default levels go to the engine level because of ``calls``."""
+    c = calls[0]
+    return (f"{c.where(root)} calls {c.text.strip()}, which only the package's own scheduler knows when to "
+            f"call: checking through it (--level engine)")
+
+
 def optional_note(calls: list[UndrivenCall], root: Optional[Path] = None) -> str:
     """The note for calls that sit under a feature switch: run, but say what is not played."""
     said = "; ".join(f"{c.where(root)} calls {c.method} when {c.flag}" for c in calls)
@@ -230,4 +237,4 @@ def optional_note(calls: list[UndrivenCall], root: Optional[Path] = None) -> str
             f"the manager as if those features were off")
 
 
-__all__ = ["UndrivenCall", "undriven_calls", "mutates", "refusal", "optional_note"]
+__all__ = ["UndrivenCall", "undriven_calls", "mutates", "refusal", "engine_note", "optional_note"]

@@ -458,7 +458,7 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}") from None
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
-        refusal = scheduler_refusal(spec, base)  # nor does the package's scheduler call what kvspec would not
+        undriven = undriven_scheduler_calls(base)  # nor does the package's scheduler call what kvspec would not
         if pcls is not cls:
             check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake, source=source))
         try:
@@ -467,7 +467,7 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
             # table of released derivatives), else vLLM's with a note; never probed.
             traits = declared_nano_traits(pcls, seq_cls, base.api, spec, source=source, make=make)
             target = NanoTarget(pcls, _sequence_class(pmodule, pcls), name, traits, make=pmake, source=source)
-            target.refusal = refusal
+            target.undriven = undriven
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}{_why_unbuilt(str(e), make or cls)}") from None
         return target
@@ -479,14 +479,14 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
     return _impl_target(name, api, pcls, pmake or pcls, pmodule, source)
 
 
-def scheduler_refusal(spec: str, target: Any) -> Optional[str]:
-    """The one line that refuses the cache level for a manager whose package's scheduler
-    makes state-changing calls kvspec's cache level does not (``kvspec.targets.
-    scheduler_calls``): findings there could be kvspec's missing call, not the user's bug.
-    None where there are none (calls behind a feature switch are a note)."""
+def undriven_scheduler_calls(target: Any) -> tuple:
+    """The state-changing calls the package's scheduler makes that kvspec's cache level does
+    not (``kvspec.targets.scheduler_calls``): there the cache level refuses, since its
+    findings could be kvspec's missing call, not the user's bug. Calls behind a feature
+    switch are left out, with a note."""
     from kvspec.targets.contract import nano_styles
     from kvspec.targets.names import MANAGER_FIELDS, MANAGER_METHODS
-    from kvspec.targets.scheduler_calls import optional_note, refusal, undriven_calls
+    from kvspec.targets.scheduler_calls import optional_note, undriven_calls
     cls = target.manager_cls
     style = next((s for s in nano_styles() if s.style == target.api), None)
     kvspec_calls = {c.method for c in style.calls} if style is not None else set()
@@ -494,10 +494,10 @@ def scheduler_refusal(spec: str, target: Any) -> Optional[str]:
     driven |= {m for ms in (target.protocol or {}).values() for m in ms}
     observed = {n for f in MANAGER_FIELDS for n in (target.names.declared.get(f, f), "_" + f)}
     calls = undriven_calls(cls, target.source, driven, observed)
-    always = [c for c in calls if not c.flag]
+    always = tuple(c for c in calls if not c.flag)
     if len(always) < len(calls):
         _note(f"kvspec: note: {optional_note([c for c in calls if c.flag], Path.cwd())}")
-    return refusal(spec, always, Path.cwd()) if always else None
+    return always
 
 
 def _why_unbuilt(message: str, build: Any) -> str:
