@@ -17,7 +17,7 @@ from kvspec.check.search import run_check
 from kvspec.check.session import Session
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Admit, Finish, Preempt, Step
-from kvspec.targets.nanovllm_target import BOOLEAN, CHUNKED, COUNTED, NANO_CALLS, Scale
+from kvspec.targets.nanovllm_target import BOOLEAN, CHUNKED, COUNTED, LAYOUT, NANO_CALLS, Scale
 from kvspec.targets.registry import load_target
 
 BASE = '''
@@ -202,7 +202,7 @@ def _check(target, tmp_path, n: int = 150):
 
 # -- the generations -------------------------------------------------------------------------
 def test_the_call_table_names_every_generation():
-    assert set(NANO_CALLS) == {BOOLEAN, COUNTED, CHUNKED}
+    assert set(NANO_CALLS) == {BOOLEAN, COUNTED, CHUNKED, LAYOUT}
     chunked = {c.method: c for c in NANO_CALLS[CHUNKED]}
     assert chunked["can_allocate"].args == ("seq", "num_tokens") and not chunked["may_append"].required
 

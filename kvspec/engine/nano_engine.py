@@ -41,8 +41,9 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from kvspec.engine.nano_load import (EngineParts, config_reads, load_file_engine,  # noqa: F401
-                                     load_package_engine, scheduler_file, stand_in_config)
+from kvspec.engine.nano_load import (SCHEDULER_CONTRACT, EngineParts, check_scheduler,  # noqa: F401
+                                     config_reads, load_file_engine, load_package_engine, scheduler_file,
+                                     stand_in_config)
 from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.errors import TargetError
 from kvspec.spec.config import Config
@@ -65,27 +66,34 @@ class _Recorder:
             raise AttributeError(name)
         return getattr(self._mgr, name)
 
-    def can_allocate(self, seq: Any, *args: Any) -> Any:
-        answer = self._mgr.can_allocate(seq, *args)
-        if answer is False or answer is None or (type(answer) is int and answer < 0):
+    def get_token_layout(self, seq: Any, *args: Any) -> Any:  # the layout generation: can_allocate(n) is for it
+        self._laid_out = seq
+        return self._mgr.get_token_layout(seq, *args)
+
+    def can_allocate(self, *args: Any) -> Any:
+        answer = self._mgr.can_allocate(*args)
+        seq = args[0] if args and not isinstance(args[0], int) else getattr(self, "_laid_out", None)
+        if seq is not None and (answer is False or answer is None or (type(answer) is int and answer < 0)):
             self._engine.on_call(seq, "admit", ok=False)
         return answer
 
     def allocate(self, seq: Any, *args: Any) -> Any:
         fresh = not list(seq.block_table)
         result = self._mgr.allocate(seq, *args)
-        self._engine.on_call(seq, "admit" if fresh else "grow", new=args[-1] if args else None)
+        # new tokens: allocate(seq, num_tokens)'s count, else (a plan object, or none) what the
+        # scheduler set in seq.num_new_tokens (the layout generation), else the uncached rest
+        self._engine.on_call(seq, "admit" if fresh else "grow", new=_new_tokens(seq, args))
         return result
 
-    def can_append(self, seq: Any) -> Any:
-        answer = self._mgr.can_append(seq)
+    def can_append(self, seq: Any, *args: Any) -> Any:
+        answer = self._mgr.can_append(seq, *args)
         if not answer:
             self._engine.on_call(seq, "grow", ok=False)
         return answer
 
     def may_append(self, seq: Any) -> Any:
         result = self._mgr.may_append(seq)
-        self._engine.on_call(seq, "grow")
+        self._engine.on_call(seq, "grow", new=_new_tokens(seq, ()))
         return result
 
     def deallocate(self, seq: Any) -> Any:
@@ -144,6 +152,8 @@ class NanoEngineDriver:
         self.done: dict[str, int] = {}      # req -> tokens whose KV the engine computed
         post = getattr(self.sched, "postprocess", None)
         self.post_args = _positional(post) if callable(post) else 0
+        # postprocess(seqs, token_ids, <the indexes of the seqs that sampled>) (v1-style nano-vllm)
+        self.post_indexes = self.post_args >= 3 and _third_is_indexes(post)
         self.native_abort = next((m for m in ("abort", "cancel", "abort_request") if callable(getattr(self.sched, m,
                                                                                                       None))), None)
 
@@ -299,7 +309,7 @@ class NanoEngineDriver:
     def _extent(self, seq: Any, is_prefill: Optional[bool]) -> tuple[int, int]:
         """(first position, tokens) the step computes for ``seq``, as its scheduler decided."""
         cached = _int(seq, "num_cached_tokens")
-        n = getattr(seq, "num_scheduled_tokens", None)
+        n = getattr(seq, "num_scheduled_tokens", None) or getattr(seq, "num_new_tokens", None)
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:  # a chunked-prefill generation says
             return cached, n  # its computed tokens so far: where the chunk (or the decode token) starts
         if is_prefill is False:
@@ -308,6 +318,11 @@ class NanoEngineDriver:
 
     def _postprocess(self, seqs: list, tokens: list[int], is_prefill: Optional[bool]) -> None:
         sch = self.sched
+        if self.post_indexes:  # only the sequences whose step reaches their last token sample one
+            idx = [i for i, s in enumerate(seqs) if not hasattr(s, "num_new_tokens")
+                   or _int(s, "num_cached_tokens") + _int(s, "num_new_tokens") >= len(s)]
+            sch.postprocess(seqs, [tokens[i] for i in idx], idx)
+            return
         if self.post_args:
             args = (seqs, tokens, is_prefill)[:max(2, min(self.post_args, 3))]
             sch.postprocess(*args)
@@ -351,6 +366,10 @@ def _mark(seq: Any, status: str) -> None:
         seq.status = member
 
 
+def _new_tokens(seq: Any, args: tuple) -> Optional[int]:
+    return args[-1] if args and type(args[-1]) is int else _int(seq, "num_new_tokens") or None
+
+
 def _int(obj: Any, name: str) -> int:
     v = getattr(obj, name, 0)
     return v if isinstance(v, int) and not isinstance(v, bool) else 0
@@ -361,6 +380,16 @@ def _positional(fn: Callable) -> int:
         return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return 2
+
+
+def _third_is_indexes(fn: Callable) -> bool:
+    """Whether postprocess's third parameter is the indexes of the sequences that computed
+    logits (``seq_need_compute_logits``), not ``is_prefill``."""
+    try:
+        p = list(inspect.signature(fn).parameters.values())[2]
+    except (TypeError, ValueError, IndexError):
+        return False
+    return "prefill" not in p.name and any(w in p.name for w in ("logits", "index", "indices", "idx"))
 
 
 def _takes_seq(fn: Callable) -> bool:
@@ -374,45 +403,6 @@ def _takes_seq(fn: Callable) -> bool:
 
 # -- the targets' engine ---------------------------------------------------------------------------
 _PARTS: dict[tuple, EngineParts] = {}  # loaded once per (package or file, patch): examples build drivers
-
-
-SCHEDULER_CONTRACT = ("add(seq), schedule() -> seqs or (seqs, is_prefill), postprocess(seqs, token_ids[, is_prefill]) "
-                      "or finish(seq), is_finished(); attributes running, waiting, block_manager")
-
-
-def check_scheduler(name: str, sched: Any) -> None:
-    """The calls the engine level makes on a package's Scheduler, checked before the first
-    one (one line, exit 2): a fork whose scheduler is shaped otherwise is kvspec's mismatch,
-    never a finding against it."""
-    def arity_ok(fn: Any, n: int) -> bool:
-        try:
-            inspect.signature(fn).bind(*range(n))
-            return True
-        except TypeError:
-            return False
-        except ValueError:  # no signature to read: let the call decide
-            return True
-
-    problems = []
-    for meth, n in (("add", 1), ("schedule", 0), ("is_finished", 0)):
-        fn = getattr(sched, meth, None)
-        if not callable(fn):
-            problems.append(f"no {meth}()")
-        elif not arity_ok(fn, n):
-            problems.append(f"{meth}{inspect.signature(fn)} cannot be called with {n} argument(s)")
-    post, fin = getattr(sched, "postprocess", None), getattr(sched, "finish", None)
-    if callable(post):
-        if not (arity_ok(post, 2) or arity_ok(post, 3)):
-            problems.append(f"postprocess{inspect.signature(post)} takes neither (seqs, token_ids) nor "
-                            f"(seqs, token_ids, is_prefill)")
-    elif not callable(fin):
-        problems.append("neither postprocess() nor finish()")
-    for attr in ("running", "waiting"):
-        if not hasattr(sched, attr):
-            problems.append(f"no {attr} queue")
-    if problems:
-        raise TargetError(f"target {name}: its Scheduler does not fit the calls kvspec's engine level makes "
-                          f"({'; '.join(problems)}): it drives {SCHEDULER_CONTRACT}")
 
 
 def has_scheduler(target: Any) -> bool:

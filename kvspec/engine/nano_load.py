@@ -1,5 +1,6 @@
-"""Loading a nano-vllm package's scheduler for the engine level (``nano_engine``), and the
-stand-in config it is built with.
+"""Loading a nano-vllm package's scheduler for the engine level (``nano_engine``), the
+stand-in config it is built with, and the check that the built Scheduler takes the calls
+the engine level makes.
 
 Loading. As for the cache level (``kvspec.targets.nano_loader``): the package's
 ``__init__`` is never run (torch models, flash-attn, torch_npu); the scheduler module's
@@ -209,4 +210,76 @@ def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> StandInConfig
         else:
             raise TargetError(f"target {parts.name}: its Scheduler reads config.{f}, which kvspec does not set and "
                               f"the package's Config gives no literal default for")
+    cfg.update(tied_sizes(cfg, defaults, values))
     return StandInConfig(**cfg)
+
+
+BLOCK_SIZE_FIELDS = ("kvcache_block_size", "block_size")
+
+
+def tied_sizes(cfg: dict[str, Any], defaults: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """The config's other sizes tied to its block size, kept tied at the run's block size.
+
+    A package whose Config ties a size to the block size (``kvcache_block_size = 256;
+    logical_page_size = 32``, and its BlockManager asserts ``block_size %
+    logical_page_size == 0``) refuses the run's block size with the tied size's default
+    (a page of 32 in a block of 4). kvspec sets the block size, so it sets the sizes tied to
+    it too, in the package's own ratio (8 pages per block) as far as the run's block size
+    allows: the largest divisor of it no larger than ``block_size // ratio`` (at least 1).
+    Tied: an int field named ``*size*`` whose default divides the block size's default and
+    is smaller. (The cache level runs such a package at its own block size with scaled
+    requests, ``nano_api.tied_block_size``; an engine step decodes one token of the
+    package's, which cannot stand for a scaled run of them, so the engine level keeps the
+    run's block size and scales the tie instead.)"""
+    field = next((f for f in BLOCK_SIZE_FIELDS if f in cfg and f in values), None)
+    own = defaults.get(field) if field else None
+    run = cfg.get(field) if field else None
+    if not (isinstance(own, int) and isinstance(run, int) and own > 1 and run >= 1):
+        return {}
+    out = {}
+    for name, d in defaults.items():
+        if (name in cfg and name not in values and name not in BLOCK_SIZE_FIELDS and "size" in name
+                and isinstance(d, int) and not isinstance(d, bool) and 1 < d < own and own % d == 0):
+            cap = max(1, run // (own // d))
+            out[name] = max(v for v in range(1, cap + 1) if run % v == 0)
+    return out
+
+
+# -- the scheduler's shape ----------------------------------------------------------------------
+SCHEDULER_CONTRACT = ("add(seq), schedule() -> seqs or (seqs, is_prefill), postprocess(seqs, token_ids[, is_prefill]) "
+                      "or finish(seq), is_finished(); attributes running, waiting, block_manager")
+
+
+def check_scheduler(name: str, sched: Any) -> None:
+    """The calls the engine level makes on a package's Scheduler, checked before the first
+    one (one line, exit 2): a fork whose scheduler is shaped otherwise is kvspec's mismatch,
+    never a finding against it."""
+    def arity_ok(fn: Any, n: int) -> bool:
+        try:
+            inspect.signature(fn).bind(*range(n))
+            return True
+        except TypeError:
+            return False
+        except ValueError:  # no signature to read: let the call decide
+            return True
+
+    problems = []
+    for meth, n in (("add", 1), ("schedule", 0), ("is_finished", 0)):
+        fn = getattr(sched, meth, None)
+        if not callable(fn):
+            problems.append(f"no {meth}()")
+        elif not arity_ok(fn, n):
+            problems.append(f"{meth}{inspect.signature(fn)} cannot be called with {n} argument(s)")
+    post, fin = getattr(sched, "postprocess", None), getattr(sched, "finish", None)
+    if callable(post):
+        if not (arity_ok(post, 2) or arity_ok(post, 3)):
+            problems.append(f"postprocess{inspect.signature(post)} takes neither (seqs, token_ids) nor "
+                            f"(seqs, token_ids, is_prefill)")
+    elif not callable(fin):
+        problems.append("neither postprocess() nor finish()")
+    for attr in ("running", "waiting"):
+        if not hasattr(sched, attr):
+            problems.append(f"no {attr} queue")
+    if problems:
+        raise TargetError(f"target {name}: its Scheduler does not fit the calls kvspec's engine level makes "
+                          f"({'; '.join(problems)}): it drives {SCHEDULER_CONTRACT}")

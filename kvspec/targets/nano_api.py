@@ -1,21 +1,23 @@
 """The nano-vllm API as kvspec drives it: the generations of ``can_allocate``/``allocate``
-(boolean, counted, chunked), the exact calls the driver makes in each (``NANO_CALLS``,
+(boolean, counted, chunked, layout), the exact calls the driver makes in each (``NANO_CALLS``,
 which ``kvspec.targets.contract`` checks at load and ``kvspec api`` prints), how a
 generation is detected from a class's signatures, and how a manager is built (its own
 block size where it insists on one, requests scaled to it). See ``nanovllm_target``
 for the whole adapter."""
 from __future__ import annotations
 
+import ast
 import bisect
 import inspect
 import sys
+import textwrap
 from typing import Any, Callable, NamedTuple, Optional
 
 from kvspec.targets.base import TargetError
 from kvspec.targets.names import Names
 
 BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
-BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
+LAYOUT = "layout"  # v1-style: the scheduler counts tokens (get_token_layout) and asks can_allocate(num_tokens)
 NANO_METHODS = ("can_allocate", "allocate", "deallocate", "can_append", "may_append")
 CACHING_SWITCHES = ("enable_prefix_caching", "enable_caching", "prefix_caching")
 
@@ -59,6 +61,19 @@ NANO_CALLS: dict[str, tuple[NanoCall, ...]] = {
                  note="without can_append/may_append decode is can_allocate(seq, 1) / allocate(seq, 1)"),
         NanoCall("may_append", ("seq",), "None", required=False),
     ),
+    LAYOUT: (
+        NanoCall("get_token_layout", ("seq",), "(tokens hit in held blocks, tokens hit in free cached blocks, "
+                                               "new tokens): read-only"),
+        NanoCall("can_allocate", ("num_tokens",), "bool: that many tokens fit (kvspec passes the free hit + new "
+                                                  "tokens, as the scheduler does)"),
+        NanoCall("allocate", ("seq",), "None; reads seq.num_new_tokens (kvspec sets the layout's new tokens first), "
+                                       "sets seq.block_table and seq.num_cached_tokens (the hit)"),
+        NanoCall("deallocate", ("seq",), "None"),
+        NanoCall("can_append", ("seq", "num_new_tokens"), "bool: num_new_tokens more tokens fit (after "
+                                                          "seq.append_token)"),
+        NanoCall("may_append", ("seq",), "None; reads seq.num_new_tokens (kvspec sets it first): blocks for the "
+                                         "new tokens, hashes the blocks they fill"),
+    ),
 }
 
 NANO_GENERATIONS: dict[str, str] = {
@@ -67,6 +82,9 @@ NANO_GENERATIONS: dict[str, str] = {
              "each forward (later nano-vllm)",
     CHUNKED: "can_allocate(seq, num_tokens) and allocate(seq, num_tokens): prefill in chunks of one block of "
              "tokens (chunked-prefill forks)",
+    LAYOUT: "can_allocate(num_tokens) with get_token_layout(seq), allocate(seq) and can_append(seq, num_new_tokens) "
+            "/ may_append(seq) reading seq.num_new_tokens (v1-style nano-vllm: the scheduler counts the tokens; after "
+            "each forward num_cached_tokens += num_new_tokens)",
 }
 
 
@@ -101,6 +119,24 @@ def _method(cls: type, names: Optional[Names], name: str) -> Any:
     return fn if callable(fn) else None
 
 
+_COUNT_NAMES = ("num_tokens", "num_new_tokens", "n_tokens", "n", "count", "tokens_needed", "num_required_tokens")
+
+
+def counts_tokens(fn) -> bool:
+    """Whether ``fn``'s one argument is a number of tokens, not a Sequence: annotated
+    ``int``, or named as a count (``can_allocate(self, num_tokens: int)``, v1-style
+    nano-vllm, whose scheduler counts the tokens with ``get_token_layout``)."""
+    params = [p for p in _params(fn) or () if p.kind in _POSITIONAL]
+    if not params:
+        return False
+    p = params[0]
+    ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+    ann = str(ann).strip().strip("'\"")
+    if ann:
+        return ann == "int"
+    return p.name in _COUNT_NAMES or (p.name.startswith("num_") and p.name.endswith("tokens"))
+
+
 def missing_nano_methods(cls: type, names: Optional[Names] = None) -> list[str]:
     """The nano-vllm methods ``cls`` lacks (by kvspec's names, through ``names``); a chunked
     manager may do without can_append/may_append."""
@@ -112,11 +148,23 @@ def missing_nano_methods(cls: type, names: Optional[Names] = None) -> list[str]:
 
 
 def detect_nano_api(cls: type, names: Optional[Names] = None) -> str:
-    """BOOLEAN, COUNTED or CHUNKED (see the module doc); raises TargetError for none."""
+    """BOOLEAN, COUNTED, CHUNKED or LAYOUT (see the module doc); raises TargetError for none."""
     missing = missing_nano_methods(cls, names)
     if missing:
         raise TargetError(f"{cls.__name__} lacks the nano-vllm BlockManager methods {', '.join(missing)}")
-    nc, n = _required(_method(cls, names, "can_allocate")), _required(_method(cls, names, "allocate"))
+    ca = _method(cls, names, "can_allocate")
+    nc, n = _required(ca), _required(_method(cls, names, "allocate"))
+    if nc == 1 and n == 1 and counts_tokens(ca):
+        if _method(cls, names, "get_token_layout") is None:  # then no generation kvspec drives fits
+            try:
+                shown = str(inspect.signature(ca).replace(return_annotation=inspect.Signature.empty))
+            except (TypeError, ValueError):
+                shown = "(...)"
+            raise TargetError(f"{cls.__name__}.can_allocate{shown} cannot be called as can_allocate(seq: Sequence) "
+                              f"-> bool; a can_allocate(num_tokens) is driven as the v1-style generation, whose "
+                              f"scheduler counts the tokens with get_token_layout(seq), which {cls.__name__} does "
+                              f"not have (kvspec api lists the calls kvspec makes)")
+        return LAYOUT  # the contract check then asks for can_append(seq, num_new_tokens) too
     if nc >= 2 and n in (2, 3):
         return CHUNKED
     if nc == 1 and n == 2 and _method(cls, names, "hash_blocks") is not None:
@@ -126,6 +174,50 @@ def detect_nano_api(cls: type, names: Optional[Names] = None) -> str:
     raise TargetError(f"{cls.__name__}: can_allocate takes {nc} and allocate takes {n} required arguments: expected "
                       f"can_allocate(seq) with allocate(seq), or with allocate(seq, num_cached_blocks) and "
                       f"hash_blocks(seq), or the chunked can_allocate(seq, num_tokens) with allocate(seq, num_tokens)")
+
+
+# -- reading a manager -------------------------------------------------------------------
+def free_tiers(cls: type, free_attr: str) -> tuple[str, ...]:
+    """The manager's other free pools, as its own code counts free blocks: the attributes
+    whose ``len`` its source adds to ``len(self.<free_attr>)``. A manager that keeps freed
+    cached blocks apart (``num_free_blocks = len(self.free_block_ids) +
+    len(self.cached_blocks)``, an LRU OrderedDict of hash -> block id, evicted when the free
+    list is empty) has two tiers; the free queue is both, the free list first."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (TypeError, OSError, SyntaxError, IndentationError):
+        return ()
+
+    def terms(node: ast.AST) -> list:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return terms(node.left) + terms(node.right)
+        return [node]
+
+    def len_of(node: ast.AST) -> Optional[str]:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"
+                and len(node.args) == 1 and isinstance(node.args[0], ast.Attribute)
+                and isinstance(node.args[0].value, ast.Name) and node.args[0].value.id == "self"):
+            return node.args[0].attr
+        return None
+
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            attrs = [a for a in map(len_of, terms(node)) if a is not None]
+            if free_attr in attrs:
+                out += [a for a in attrs if a != free_attr and a not in out]
+    return tuple(out)
+
+
+def tier_ids(pool: Any, num_blocks: int) -> list:
+    """The block ids of a free tier in reuse order: a list or deque as is; a mapping's
+    values where they are block ids (hash -> block id), else its keys."""
+    if isinstance(pool, dict):
+        values = list(pool.values())
+        if all(type(v) is int and 0 <= v < num_blocks for v in values):
+            return values
+        return list(pool.keys())
+    return list(pool)
 
 
 # -- building a manager ------------------------------------------------------------------

@@ -2,7 +2,7 @@
 back into an Observation (the rules are in ``nanovllm_target``'s docstring). Split from
 the target so each file has one job: ``nano_api`` (generations, calls, building), this
 driver, and ``nanovllm_target`` (traits and targets). It is longer than 450 lines
-because one driver plays the scheduler of three API generations (prefill, chunks,
+because one driver plays the scheduler of four API generations (prefill, chunks,
 decode, refusals) and reads the same manager back: both halves share its state."""
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from kvspec.targets.names import OBSERVE_HOOK, Names, companion_set, read_free_l
 from kvspec.targets.nano_sequence import sequence_factory
 
 BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
-from kvspec.targets.nano_api import (CHUNKED, COUNTED, NANO_METHODS, Scale, _positional, _required,
-                                     build_manager, cdiv)
+from kvspec.targets.nano_api import (CHUNKED, COUNTED, LAYOUT, NANO_METHODS, Scale, _positional, _required,
+                                     build_manager, cdiv, free_tiers, tier_ids)
 
 # -- the driver ------------------------------------------------------------------------
 # What the observation reads off a manager and its blocks (nano-vllm's own names).
@@ -92,13 +92,17 @@ class NanoDriver(Driver):
         self.api = api
         self.counted = api == COUNTED
         self.chunked = api == CHUNKED
-        wanted = NANO_METHODS + (("hash_blocks",) if api in (COUNTED, CHUNKED) else ())
+        self.layout = api == LAYOUT
+        wanted = NANO_METHODS + (("hash_blocks",) if api in (COUNTED, CHUNKED) else ()) + (
+            ("get_token_layout",) if self.layout else ())
         self.meth = {m: self.names.resolve(manager_cls, m) for m in wanted}
         self.meth.setdefault("hash_blocks", None)
         hb = self.meth["hash_blocks"]
         self.hash_blocks_args = _positional(getattr(manager_cls, hb)) if hb else 0
         self.alloc_args = _required(getattr(manager_cls, self.meth["allocate"]))
         self.hook = callable(getattr(self.mgr, OBSERVE_HOOK, None))
+        free_attr = self.names.resolve(self.mgr, "free_block_ids") if not self.hook else None
+        self.tiers = free_tiers(manager_cls, free_attr) if free_attr else ()  # freed cached blocks kept apart
         self.seqs: dict[str, Any] = {}
         self.running: set[str] = set()
         # Decode tokens not yet fed to the Sequence: a refused step leaves its token here,
@@ -221,6 +225,38 @@ class NanoDriver(Driver):
             self._hook("after_prefill_chunk", seq)
         return hit
 
+    def _layout_forward(self, seq: Any) -> None:
+        """What the layout generation's scheduler does after a forward (its postprocess):
+        the step's new tokens become cached."""
+        self._seq_set(seq, "num_cached_tokens",
+                      self._seq_get(seq, "num_cached_tokens") + self._seq_get(seq, "num_new_tokens"))
+        self._seq_set(seq, "num_new_tokens", 0)
+
+    def _admit_layout(self, seq: Any) -> Optional[int]:
+        """The layout generation's admission, as its scheduler makes it (the whole prompt:
+        its Config's chunked_prefill is off by default): ``get_token_layout(seq)`` gives
+        (hit in held blocks, hit in free cached blocks, new tokens); ``can_allocate(hit in
+        free + new)``; ``seq.num_new_tokens = new``; ``allocate(seq)``; the scheduler then
+        asserts that the hit allocate took is the layout's, and after the forward the new
+        tokens are cached."""
+        layout = self.call("get_token_layout", seq)
+        try:
+            in_used, in_free, new = (int(x) for x in layout)
+        except (TypeError, ValueError):
+            raise TargetError(f"{type(self.mgr).__name__}.get_token_layout(seq) returned {layout!r}: kvspec expects "
+                              f"(tokens hit in held blocks, tokens hit in free cached blocks, new tokens)") from None
+        if self._refused(self.call("can_allocate", in_free + new)):
+            return None
+        self._seq_set(seq, "num_new_tokens", new)
+        self.call("allocate", seq)
+        self._hook("after_allocate", seq)
+        hit = self._seq_get(seq, "num_cached_tokens")
+        if hit != in_used + in_free:  # the package's scheduler asserts the same after allocate
+            raise AssertionError(f"allocate cached {hit} tokens where get_token_layout counted {in_used + in_free}")
+        self._layout_forward(seq)
+        self._hook("after_prefill_chunk", seq)
+        return hit
+
     # -- ops -------------------------------------------------------------------------------
     def apply(self, op: Op) -> Any:
         if isinstance(op, Admit):
@@ -231,7 +267,11 @@ class NanoDriver(Driver):
             elif op.req not in self.seqs or op.req in self.running:
                 raise ValueError(f"no waiting request {op.req}")
             seq = self.seqs[op.req]
-            if self.chunked:
+            if self.layout:
+                hit = self._admit_layout(seq)
+                if hit is None:
+                    return None
+            elif self.chunked:
                 hit = self._admit_chunked(seq)
                 if hit is None:
                     return None
@@ -293,6 +333,16 @@ class NanoDriver(Driver):
     def _decode_one(self, seq: Any, token: int) -> bool:
         """One decode token of the manager's: False (and undone) when refused."""
         self.append(seq, token)
+        if self.layout:  # the scheduler's running phase: the tokens not yet computed (one, in decode)
+            n = len(seq) - self._seq_get(seq, "num_cached_tokens")
+            if not self.call("can_append", seq, n):
+                self.pop_token(seq)
+                return False
+            self._seq_set(seq, "num_new_tokens", n)
+            self.call("may_append", seq)
+            self._layout_forward(seq)
+            self._hook("after_append", seq)
+            return True
         if self.meth["can_append"] and self.meth["may_append"]:
             if not self.call("can_append", seq):
                 self.pop_token(seq)
@@ -314,7 +364,12 @@ class NanoDriver(Driver):
         m = self.mgr
         attr = self.names.resolve(m, "free_block_ids")
         free = getattr(m, attr)
-        return read_free_list(free, companion_set(m, attr, self.names))
+        queue, problems = read_free_list(free, companion_set(m, attr, self.names))
+        if self.tiers:  # the manager's other free pools, reused after its free list (nano_api.free_tiers)
+            n = len(self.names.get(m, "blocks"))
+            for tier in self.tiers:
+                queue += tier_ids(getattr(m, tier), n)
+        return queue, problems
 
     def _free_count(self) -> int:
         if self.hook:
@@ -429,7 +484,11 @@ class NanoDriver(Driver):
         alloc = getattr(mgr, self.meth["allocate"])
         ask = getattr(mgr, self.meth["can_allocate"])
         try:
-            if self.chunked:
+            if self.layout:
+                used, in_free, new = getattr(mgr, self.meth["get_token_layout"])(seq)
+                self._seq_set(seq, "num_new_tokens", new)
+                alloc(seq)  # capacity aside, as for the boolean generation
+            elif self.chunked:
                 answer = ask(seq, len(seq))
                 if self._refused(answer):
                     return None
@@ -477,7 +536,7 @@ class NanoDriver(Driver):
 
 # The driver's fields that never change after __init__: shared by every clone, not copied.
 _FIXED = frozenset({"names", "protocol", "caching", "bs", "scale", "seq_cls", "make_seq", "api", "counted",
-                    "chunked", "meth", "hash_blocks_args", "alloc_args", "hook"})
+                    "chunked", "layout", "tiers", "meth", "hash_blocks_args", "alloc_args", "hook"})
 _ATOMS = frozenset({int, float, str, bytes, bool, type(None), complex, range})  # immutable: shared
 _SHARED_KINDS = (type, FunctionType, BuiltinFunctionType, ModuleType, MethodType, Enum)  # not state: shared
 

@@ -2,7 +2,8 @@
 
 A nano-vllm BlockManager reads a request through a small surface: its tokens
 (``len(seq)``, ``seq.block(i)``, ``seq.num_blocks``), its ``block_table`` and its
-``num_cached_tokens``; newer managers also read ``num_scheduled_tokens``. This class
+``num_cached_tokens``; newer managers also read ``num_scheduled_tokens`` (or
+``num_new_tokens``). This class
 provides that surface and nothing else (no sampling parameters, no status).
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Sequence:
         self.num_prompt_tokens = len(self.token_ids)
         self.num_cached_tokens = 0     # KV already in the table (the prefix hit, right after allocate)
         self.num_scheduled_tokens = 0  # tokens the current step computes (newer managers' hash_blocks)
+        self.num_new_tokens = 0        # the same, as the layout generation's scheduler sets it
         self.block_table: list[int] = []
 
     @property
@@ -162,7 +164,7 @@ def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
     id_is_str = any(role == "id" and p.annotation in (str, "str") for p, role in plan)
     sampling = default_sampling_params(seq_cls) if any(role == "sampling" for _, role in plan) else None
 
-    def make(tokens: list, block_size: int, n: int) -> Any:
+    def build(tokens: list, block_size: int, n: int) -> Any:
         values = {"tokens": list(tokens), "block_size": block_size, "id": f"kvspec-{n}" if id_is_str else n,
                   "sampling": sampling}
         args, kwargs = [], {}
@@ -173,4 +175,98 @@ def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
                 kwargs[p.name] = values[role]
         return seq_cls(*args, **kwargs)
 
+    def make(tokens: list, block_size: int, n: int) -> Any:
+        try:
+            return build(tokens, block_size, n)
+        except Exception:
+            if not tokens or not init_global_config(seq_cls, block_size):
+                raise
+            return build(tokens, block_size, n)  # the package's global config is set now
+
     return make
+
+
+# -- a package's global config -------------------------------------------------------------
+# Some forks keep their Config in a module global that the engine sets before building any
+# Sequence (``init_config(model, **kwargs)`` in ``LLMEngine.__init__``; the Sequence's
+# constructor calls ``get_config()``, which raises while it is unset). kvspec does what the
+# engine does, without loading a model: see init_global_config.
+BLOCK_SIZE_FIELDS = ("block_size", "kvcache_block_size")
+
+
+def _stored_globals(fn: Any) -> set:
+    import dis
+    try:
+        return {i.argval for i in dis.get_instructions(fn) if i.opname == "STORE_GLOBAL"}
+    except TypeError:
+        return set()
+
+
+def _config_object(home: Any, init: Any, block_size: int) -> Any:
+    """The package's own Config with its declared defaults and the run's block size, built
+    without its ``__post_init__`` (which loads a model directory): the class the
+    initializer is annotated to return, else ``home.Config``."""
+    import dataclasses
+    from types import SimpleNamespace
+    ret = inspect.signature(init).return_annotation
+    cls = ret if isinstance(ret, type) else getattr(home, ret, None) if isinstance(ret, str) else None
+    cls = cls if isinstance(cls, type) else getattr(home, "Config", None)
+    if not isinstance(cls, type):
+        return SimpleNamespace(**{f: block_size for f in BLOCK_SIZE_FIELDS})
+    obj = object.__new__(cls)
+    if dataclasses.is_dataclass(cls):
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                object.__setattr__(obj, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                object.__setattr__(obj, f.name, f.default_factory())  # type: ignore[misc]
+    for f in BLOCK_SIZE_FIELDS:
+        if hasattr(obj, f) or (dataclasses.is_dataclass(cls) and f in {x.name for x in dataclasses.fields(cls)}):
+            object.__setattr__(obj, f, block_size)
+    return obj
+
+
+def init_global_config(seq_cls: type, block_size: int) -> bool:
+    """Set the package's global config the Sequence module reads, as the package's engine
+    does before it builds a Sequence; True if one was set (with a note). Found by what the
+    code does, not by name: a function the Sequence module uses reads a module global that
+    is still None, and a function of that global's module stores it (the initializer). The
+    initializer is called where it needs no argument (with the run's block size where it
+    takes one); otherwise (``init_config(model, **kwargs)``: a model directory) the global
+    gets the package's Config class with its declared defaults and the run's block size,
+    built without the model."""
+    import sys
+    from types import FunctionType
+    module = sys.modules.get(seq_cls.__module__)
+    if module is None:
+        return False
+    for fn in list(vars(module).values()):
+        if not isinstance(fn, FunctionType):
+            continue
+        home = sys.modules.get(fn.__module__)
+        if home is None:
+            continue
+        unset = [g for g in fn.__code__.co_names if g in vars(home) and vars(home)[g] is None]
+        for g in unset:
+            init = next((f for f in vars(home).values() if isinstance(f, FunctionType)
+                         and f.__module__ == home.__name__ and g in _stored_globals(f)), None)
+            if init is None:
+                continue
+            params = [p for p in inspect.signature(init).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            how = ""
+            if all(p.default is not p.empty or p.name in BLOCK_SIZE_FIELDS for p in params):
+                try:
+                    init(**{p.name: block_size for p in params if p.name in BLOCK_SIZE_FIELDS})
+                    how = f"called {home.__name__}.{init.__name__}()"
+                except Exception:
+                    how = ""
+            if vars(home).get(g) is None:
+                setattr(home, g, _config_object(home, init, block_size))
+                how = (f"set {home.__name__}.{g} as {init.__name__} would, to the package's Config with its "
+                       f"defaults and block size {block_size}, without loading a model")
+            print(f"kvspec: note: {seq_cls.__module__}.{seq_cls.__name__} reads the package's global config "
+                  f"({fn.__name__}), which its engine sets before building a Sequence: kvspec {how}",
+                  file=sys.stderr)
+            return True
+    return False
