@@ -120,6 +120,9 @@ class _TwoTier:
     def num_free(self):
         return len(self.free_block_ids) + len(self.cached_blocks)
 
+    def check(self):
+        assert len(self.free_block_ids) + len(self.used_block_ids) <= 8  # a total: no free pool
+
 
 def test_free_tiers_are_read_from_how_the_manager_counts_free_blocks():
     assert free_tiers(_TwoTier, "free_block_ids") == ("cached_blocks",)

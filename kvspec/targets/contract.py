@@ -179,7 +179,8 @@ def nano_styles() -> tuple[Style, ...]:
     fields = (
         Field("manager", "blocks", "list[Block]", "indexed by block id"),
         Field("manager", "free_block_ids", "deque[int] | list[int] | OrderedDict[int, ...]",
-              "free block ids, next reused first (a lazily cleaned deque needs a free_block_set)"),
+              "free block ids, next reused first (a lazily cleaned deque needs a free_block_set; a second "
+              "pool the manager counts as free, len(self.free_block_ids) + len(self.<pool>), is read after it)"),
         Field("manager", "used_block_ids", "set[int]", "optional"),
         Field("manager", "hash_to_block_id", "dict[hash, int]", "the prefix index (without it: caching off)"),
         Field("manager", "block_size", "int", "optional: the block size the manager keeps"),
@@ -224,6 +225,8 @@ _NANO_APPLIES = {
     "boolean": "can_allocate(seq) and allocate(seq) (nano-vllm 2025, nano-vllm-fork)",
     "counted": "can_allocate(seq) and allocate(seq, num_cached_blocks), with hash_blocks (later nano-vllm)",
     "chunked": "can_allocate(seq, num_tokens) and allocate(seq, num_tokens) (chunked prefill)",
+    "layout": "get_token_layout(seq), can_allocate(num_tokens), allocate(seq), can_append(seq, num_new_tokens) "
+              "(v1-style: the scheduler counts the tokens)",
 }
 
 

@@ -50,12 +50,17 @@ class Scheduler:
             batch.append(seq)
         return batch
 
-    def postprocess(self, seqs, token_ids):
-        for seq, token in zip(seqs, token_ids):
+    def postprocess(self, seqs, token_ids, logits_indices):
+        """``logits_indices``: the indexes in ``seqs`` of the sequences that computed logits (one
+        token each in ``token_ids``)."""
+        for i, token in zip(logits_indices, token_ids):
+            seq = seqs[i]
             seq.append_token(token)
-            seq.num_cached_tokens += seq.num_new_tokens
-            seq.num_new_tokens = 0
             if token == self.eos or len(seq) - seq.num_prompt_tokens >= seq.max_tokens:
                 seq.finished = True
                 self.block_manager.deallocate(seq)
                 self.running.remove(seq)
+        for seq in seqs:
+            if not seq.finished:
+                seq.num_cached_tokens += seq.num_new_tokens
+                seq.num_new_tokens = 0
