@@ -383,18 +383,20 @@ def test_the_model_keeps_the_first_writer_and_refreshes_on_lookup():
     assert c.pool.queue == [2, 1, 0]
 
 
-@pytest.mark.parametrize("name, change, declare, undeclared", [
-    ("first_wins", FIRST_WINS, 'index = "first_wins"', "INDEX_CONSISTENT"),
-    ("lru_refresh", LRU_REFRESH, "lru_refresh_on_lookup = true", "EVICTION_ORDER"),
+@pytest.mark.parametrize("name, change, declare, undeclared, base", [
+    ("first_wins", FIRST_WINS, 'index = "first_wins"', "INDEX_CONSISTENT", {}),
+    # an LRU refresh changes the free order only: checked where an order is declared
+    ("lru_refresh", LRU_REFRESH, "lru_refresh_on_lookup = true", "EVICTION_ORDER", {"free_order": "lru_tail_first"}),
 ])
-def test_each_new_policy_passes_declared_and_is_hinted_undeclared(tmp_path, capsys, name, change, declare, undeclared):
+def test_each_new_policy_passes_declared_and_is_hinted_undeclared(tmp_path, capsys, name, change, declare, undeclared,
+                                                                  base):
     key, _, value = declare.partition(" = ")
-    attr = f"kvspec_traits = {{{key!r}: {value.replace('true', 'True')}}}"
+    attr = f"kvspec_traits = {{**{base!r}, {key!r}: {value.replace('true', 'True')}}}"
     spec = _variant(tmp_path, name + "_declared", *change, attr=attr)
     out = tmp_path / "r"
     assert main(["check", "--target", spec, "--max-examples", "150", "--json", "--report-dir", str(out)]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "pass"
-    spec = _variant(tmp_path, name, *change)
+    spec = _variant(tmp_path, name, *change, attr=f"kvspec_traits = {base!r}" if base else "")
     assert main(["check", "--target", spec, "--max-examples", "150", "--json", "--report-dir", str(out)]) == 1
     d = json.loads(capsys.readouterr().out)
     v = d["violations"][0]

@@ -190,6 +190,8 @@ def test_module_target_uses_its_own_sequence(tmp_path, monkeypatch):
 
 def test_module_target_with_a_patch(tmp_path, monkeypatch):
     name, root = _package(tmp_path, monkeypatch)
+    # the patch changes the free order only: checked once the package states one
+    _write(tmp_path / "pyproject.toml", '[tool.kvspec]\nfree_order = "lru_tail_first"\n')
     lines = (tmp_path / name / "alloc.py").read_text().splitlines(keepends=True)
     i = next(k for k, line in enumerate(lines) if "for block_id in reversed(seq.block_table):" in line)
     diff = (f"--- a/{name}/alloc.py\n+++ b/{name}/alloc.py\n@@ -{i + 1},1 +{i + 1},1 @@\n"

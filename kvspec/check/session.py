@@ -106,6 +106,22 @@ def _binding_error(e: BaseException) -> Optional[str]:
     return binding_error(e)
 
 
+def _chooser(obs: Observation, result: Any) -> Callable[[int, Any], Optional[list]]:
+    """What the target took, for the model under free order "any" (``PoolModel.alloc``):
+    a pool-level Alloc's returned blocks; at the cache level, the blocks at ``where``
+    (request, group, table position) of the request's table after the step."""
+    def choose(n: int, where: Any) -> Optional[list]:
+        if where is None:
+            return list(result) if isinstance(result, (list, tuple)) else None
+        rid, g, start = where
+        rs = obs.requests.get(rid)
+        if rs is None:
+            return None
+        tables = (rs.table,) + tuple(rs.groups)
+        return list(tables[g][start:start + n]) if g < len(tables) else None
+    return choose
+
+
 def _want_incremental(config: Config, incremental: Optional[bool]) -> bool:
     if incremental is not None:
         return incremental
@@ -218,6 +234,7 @@ class Session:
         self.hashes = HashMap()
         self.steps: list[Op] = []
         self.last_result: Any = None  # what the target returned for the last op
+        self.last_expected: Any = None  # what the model said it should return (None after a misuse)
         self.dead = False  # a call hung (or tried to end the process): the target is not touched again
         self._dead_escape: Optional[BaseException] = None  # the SystemExit/KeyboardInterrupt that did it
         self.obs: Observation = first_obs
@@ -225,7 +242,11 @@ class Session:
             check_step(self._context(None, self.obs, None, None, None, None)))
         # incremental checking (see the module docstring): on when asked and offered
         # (the incremental check knows nothing of KV-cache groups: the group-aware model goes the full way)
+        # free order "any": the model follows the target's choice of blocks, read from a full
+        # observation before the model's step, so such a target goes the full way
+        self._follow = getattr(self._model_pool(), "order", None) == "any"
         self.incremental = (_want_incremental(config, incremental) and not hasattr(self.model, "groups")
+                            and not self._follow
                             and callable(getattr(self.driver, "observe_delta", None))
                             and callable(getattr(self.driver, "track_changes", None)))
         self._live: Optional[LiveObservation] = None
@@ -326,7 +347,26 @@ class Session:
             if why:
                 raise TargetError(why) from None  # kvspec's own call did not fit the class: not a finding
             error = e
-        expected = self.model.apply(op) if misuse is None else None
+        obs: Optional[Observation] = None
+        if self._follow and misuse is None and error is None:
+            # free order "any": the model takes the blocks the target took, read off it now
+            try:
+                obs = self._call(limit, self.driver.observe)
+            except OpTimeout as t:
+                return self._hung(op, t)
+            except _Escaped as x:
+                return self._escaped(op, x.exc)
+            except TargetError:
+                raise
+            except Exception as e:
+                error, obs = e, self.obs
+            else:
+                self._model_pool().chooser = _chooser(obs, result)
+        try:
+            expected = self.model.apply(op) if misuse is None else None
+        finally:
+            if obs is not None:
+                self._model_pool().chooser = None
         if live is not None and (misuse is None) == (error is None):
             try:
                 delta = self.driver.observe_delta()
@@ -336,12 +376,12 @@ class Session:
                                       if misuse is None else self._fast_rejected(error, delta, misuse)):
                 self.steps.append(op)
                 self.__dict__.pop("obs", None)
-                self.last_result = result
+                self.last_result, self.last_expected = result, expected
                 self.fast_steps += 1
                 return []
         # The full way: what every step does without deltas, and the reference.
         try:
-            obs = self._call(limit, self.driver.observe)
+            obs = self._call(limit, self.driver.observe) if obs is None else obs
         except OpTimeout as t:
             return self._hung(op, t)
         except _Escaped as x:
@@ -358,7 +398,7 @@ class Session:
         found = (self.step_check or check_step)(ctx)
         self.steps.append(op)
         self.obs = obs
-        self.last_result = result
+        self.last_result, self.last_expected = result, expected
         if self.incremental:
             # The incremental check assumes the state before each step passed *every*
             # check. A valid, comparable step that found nothing ran them all; a rejected
@@ -386,7 +426,7 @@ class Session:
             self._replaying = []
         self.dead = True
         self.steps.append(op)
-        self.last_result = None
+        self.last_result = self.last_expected = None
         return self._with_output([Violation(
             "NO_HANG", f"{op!r} did not return within the op timeout of {secs:g} s",
             "the state before it is the last observed; the target is not observed again")])
@@ -407,7 +447,7 @@ class Session:
         What state the target was left in is not read."""
         self.dead = True  # later ops are not tried on a target that tried to end the process
         self.steps.append(op)
-        self.last_result = None
+        self.last_result = self.last_expected = None
         self._dead_escape = e
         return self._with_output([Violation(
             "NO_CRASH", f"{op!r}: the target {_escape_words(e)}; kvspec caught it, so the process did not end",

@@ -62,20 +62,18 @@ def step_view(target: Any, finding) -> Optional[dict]:
     and what the model expected, and the observations before and after the last step."""
     if target is None:
         return None
-    from kvspec.spec.model import model_for
     from kvspec.check.session import Session
 
     try:
         s = Session(target, finding.config, incremental=False)
-        model = model_for(finding.config, target.traits)
         rows = []
         before = s.obs
         for i, op in enumerate(finding.steps):
-            why = model.misuse_reason(op)
-            expected = f"misuse: {why}" if why is not None else _show(model.apply(op))
+            why = s.misuse_reason(op)  # the session's own model, before the step
             if i == len(finding.steps) - 1:
                 before = s.obs
             found = s.apply(op)
+            expected = f"misuse: {why}" if why is not None else _show(getattr(s, "last_expected", None))
             rows.append({"op": op, "result": _show(s.last_result), "expected": expected,
                          "found": sorted({v.invariant for v in found})})
         return {"rows": rows, "before": before, "after": s.obs}

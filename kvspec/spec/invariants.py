@@ -32,7 +32,7 @@ CATALOGUE: dict[str, str] = {
     "ACCOUNTING": "The free count equals the queue length and the number of non-null ref-0 blocks; ref counts equal holders, never negative.",
     "INDEX_CONSISTENT": "Every index entry h -> b has b.hash == h, and every hashed block is in the index.",
     "HASH_CHAIN": "A block's hash covers every token of every block before it (and the extra keys): equal hash iff equal prefix.",
-    "EVICTION_ORDER": "The free queue order, and so which blocks allocation returns, equals the reference model's policy.",
+    "EVICTION_ORDER": "The free queue order, and so which blocks allocation returns, equals the reference model's policy (free order \"any\": allocation takes free blocks only).",
     "NULL_BLOCK": "Block 0 is reserved: never handed out, queued, hashed or counted.",
     "KV_INTEGRITY": "Every KV slot a request reads holds KV computed for exactly that request's token prefix.",
     "MAX_HIT": "A prefix hit is block-aligned, contiguous from block 0, and never covers the whole prompt.",
@@ -406,17 +406,26 @@ def eviction_order(ctx: StepContext) -> list[Violation]:
     if not _valid(ctx):
         return []
     o, pool = ctx.obs, ctx.pool
+    # free order "any" (no order stated): the model took the target's own choice of blocks
+    # (PoolModel.alloc), so what is left to differ is a choice of blocks that were not free
+    follow = pool.order == "any"
     if isinstance(ctx.op, Alloc) and ctx.result != ctx.expected:
+        if follow:
+            return [ctx.v("EVICTION_ORDER", f"allocation returned blocks {list(ctx.result or ())}, not all of "
+                                            f"them free (the free blocks were {sorted(ctx.prev.queue)})")]
         return [ctx.v("EVICTION_ORDER", f"allocation returned blocks {list(ctx.result or ())}; "
                                         f"the policy gives {list(ctx.expected or ())}")]
     if not ctx.comparable:
         return []
-    if list(o.queue) != pool.queue:
+    if (sorted(o.queue) != sorted(pool.queue)) if follow else (list(o.queue) != pool.queue):
         return [ctx.v("EVICTION_ORDER", f"the free queue is {list(o.queue)}; the policy gives {pool.queue}")]
     if isinstance(ctx.model, CacheModel):
         for rid, rs in o.requests.items():
             q = ctx.model.reqs.get(rid)
             if q is not None and list(rs.table) != q.table:
+                if follow:
+                    return [ctx.v("EVICTION_ORDER", f"{rid} got blocks {list(rs.table)}, not all of them free "
+                                                    f"(the reference model gives {q.table})", requests=[rid])]
                 return [ctx.v("EVICTION_ORDER", f"{rid} got blocks {list(rs.table)}; the policy gives {q.table}",
                               requests=[rid])]
             more = [list(t) for t in getattr(q, "more", ())]

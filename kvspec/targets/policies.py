@@ -12,7 +12,9 @@ prefix_caching        "on", "off" or "both": the modes the target supports (the
 free_order            "lru_tail_first" (vLLM: freed blocks to the back, a request's tail
                       first), "mru" (a free call's blocks to the front: most recently
                       freed reused first), "fifo" (to the back, a request's head first),
-                      "sorted" (the free queue kept in block-id order)
+                      "sorted" (the free queue kept in block-id order), "any" (no order:
+                      kvspec follows the target's choice of free blocks and checks only
+                      that they were free; the default for code that states no order)
 unhashed_free_first   true: freed blocks without a hash go to the front (vLLM >= 0.11);
                       with prefix caching off every block is unhashed
 whole_prompt_hits     true: a prefix hit may cover the whole prompt (the last token's KV
@@ -37,7 +39,11 @@ Sub-tables ``[tool.kvspec.names]`` and ``[tool.kvspec.protocol]`` (a name map an
 protocol calls, read by the loader) pass through validation untouched.
 
 Undeclared keys take the target kind's defaults (vLLM's policies); a user target that
-declares nothing at all gets them with a note on stderr, printed once. A declaration
+declares nothing at all gets them with a note on stderr, printed once. The one exception
+is ``free_order``: which free block a user's own allocator reuses first is a cache-hit
+policy, not correctness, and nothing in unknown code says which order it means, so code
+that does not declare one is checked under "any" (the note says so). kvspec's shipped
+declarations keep the order their release documents. A declaration
 kvspec ships (``KNOWN``) applies only to the files of the installed distribution it was
 written for, found by the module's file, never by its name: a fork that keeps the
 package name ``nanovllm`` is the user's own code. ``Traits.declaration`` says which
@@ -56,7 +62,9 @@ from typing import Any, Mapping, Optional
 from kvspec.errors import UsageError
 from kvspec.spec.misuse import MISUSE_KINDS
 
-FREE_ORDERS = ("lru_tail_first", "mru", "fifo", "sorted")
+FREE_ORDERS = ("lru_tail_first", "mru", "fifo", "sorted", "any")
+# what a user's code that states no free order is checked under (see the module doc)
+UNDECLARED_FREE_ORDER = "any"
 CACHING_MODES = ("on", "off", "both")
 INDEX_POLICIES = ("all", "latest_wins", "first_wins")
 BOOL_KEYS = ("unhashed_free_first", "whole_prompt_hits", "admit_all_blocks", "free_evicts",
@@ -298,21 +306,25 @@ def declared_traits(base: Any, *, cls: Optional[type], source: Optional[Path], n
     decl, where = find_declaration(cls, source, module)
     mod = module or getattr(cls, "__module__", None)
     if decl is None:
-        dflt = dict(VLLM_DEFAULTS if defaults is None else defaults)
+        dflt = {**(VLLM_DEFAULTS if defaults is None else defaults), "free_order": UNDECLARED_FREE_ORDER}
         if note:
-            shown = ", ".join(f"{k}={v!r}" for k, v in dflt.items() if k != "misuse_errors")
+            shown = ", ".join(f"{k}={v!r}" for k, v in dflt.items() if k not in ("misuse_errors", "free_order"))
             note_once(name, f"{name} declares no policies (a kvspec_traits class attribute or [tool.kvspec] "
-                            f"in pyproject.toml); checking it against {defaults_name} defaults: {shown}")
+                            f"in pyproject.toml); checking it against {defaults_name} defaults: {shown}; "
+                            f"free order: not stated, so any (kvspec follows which free blocks it takes and "
+                            f"checks they were free; declare free_order to check an order)")
         t = with_policies(base, dflt, f"{defaults_name} defaults", mod, declaration=f"none: {defaults_name} defaults")
         return dataclasses.replace(t, hintable=frozenset(HINTABLE))
     if not isinstance(decl, Mapping):  # before merging: "not a dict" is the user's one-line mistake
         raise UsageError(f"{where}: the policy declaration must be a table/dict, not {type(decl).__name__}")
     merged = dict(defaults or {})
-    merged.update(decl)
-    t = with_policies(base, merged, where, mod)
     # only what the user's declaration leaves open is open to hints; kvspec's shipped
     # declaration states a whole release's documented policies: nothing is left open
     shipped = any(decl is table for table in KNOWN.values())
+    if not shipped:
+        merged["free_order"] = UNDECLARED_FREE_ORDER  # unless the user's declaration states one
+    merged.update(decl)
+    t = with_policies(base, merged, where, mod)
     return dataclasses.replace(t, hintable=frozenset() if shipped else frozenset(HINTABLE) - policy_keys(decl))
 
 
@@ -321,7 +333,7 @@ def declared_traits(base: Any, *, cls: Optional[type], source: Optional[Path], n
 # API itself fixes, or a misuse's error class, is not a policy difference).
 HINTABLE: dict[str, tuple[Any, ...]] = {
     "admit_all_blocks": (True, False), "free_evicts": (True, False), "whole_prompt_hits": (True, False),
-    "free_order": FREE_ORDERS, "unhashed_free_first": (True, False), "partial_block_caching": (True, False),
+    "free_order": tuple(o for o in FREE_ORDERS if o != "any"), "unhashed_free_first": (True, False), "partial_block_caching": (True, False),
     "lru_refresh_on_lookup": (True, False), "index": INDEX_POLICIES,
 }
 

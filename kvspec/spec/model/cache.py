@@ -93,6 +93,7 @@ class CacheModel:
         return hits
 
     def apply(self, op: Op):
+        self.req_now = getattr(op, "req", None)  # whose table an allocation fills (free order "any")
         if isinstance(op, Admit):
             if op.prompt is not None:
                 self.reqs[op.req] = ReqModel(tokens=list(op.prompt))
@@ -126,7 +127,7 @@ class CacheModel:
         if need_free > self.pool.free_count():
             return None  # refused: nothing changes, the request keeps waiting
         self.pool.touch(hits)  # after the capacity check, before popping new blocks
-        q.table = hits + self.pool.alloc(need)
+        q.table = hits + self.pool.alloc(need, (self.req_now, 0, len(hits)))
         q.num_cached = len(hits)
         q.running = True
         self._computed(q)
@@ -136,7 +137,7 @@ class CacheModel:
         need = cdiv(len(q.tokens), self.bs) - len(q.table)
         if need > self.pool.free_count():
             return False  # refused: the token waits, uncomputed
-        q.table += self.pool.alloc(need)
+        q.table += self.pool.alloc(need, (self.req_now, 0, len(q.table)))
         self._computed(q)
         return True
 

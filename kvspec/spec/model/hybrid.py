@@ -98,6 +98,7 @@ class GroupCacheModel(CacheModel):
 
     # -- transitions --------------------------------------------------------------------
     def apply(self, op: Op):
+        self.req_now = getattr(op, "req", None)  # whose tables an allocation fills (free order "any")
         if isinstance(op, Admit):
             if op.prompt is not None:
                 self.reqs[op.req] = GroupReq(tokens=list(op.prompt), extra=parse_extra(op.extra))
@@ -161,9 +162,9 @@ class GroupCacheModel(CacheModel):
                 skip = grp.skipped(total) // bs
                 t = tables[g]
                 t += [self.null] * max(skip - len(t), 0)
-                t += self.pool.alloc(max(cdiv(total, bs) - len(t), 0))
-        for t in tables:
-            t += self.pool.alloc(max(required - len(t), 0))
+                t += self.pool.alloc(max(cdiv(total, bs) - len(t), 0), (self.req_now, g, len(t)))
+        for g, t in enumerate(tables):
+            t += self.pool.alloc(max(required - len(t), 0), (self.req_now, g, len(t)))
         q.table, q.more = tables[0], tables[1:]
         q.num_cached, q.more_cached = cached[0], cached[1:]
         q.running, q.computed, q.drafts, q.computing_from = True, main, (), total
@@ -180,8 +181,8 @@ class GroupCacheModel(CacheModel):
         required = cdiv(main, self.bs)
         if sum(max(required - len(t), 0) for t in q.tables()) > self.pool.free_count():
             return False
-        for t in q.tables():
-            t += self.pool.alloc(max(required - len(t), 0))
+        for g, t in enumerate(q.tables()):
+            t += self.pool.alloc(max(required - len(t), 0), (self.req_now, g, len(t)))
         self._cache_g(q, min(main, len(q.tokens)))   # drafts lie past the verified tokens
         q.computed, q.drafts, q.computing_from = main, drafts, total
         return True

@@ -3,6 +3,11 @@
 State: a ref count and an optional hash key per block, the free queue as a list
 (front = evicted first), and the index as ``key -> [block ids]`` in insertion order
 (several blocks may hold the same content: held blocks are never deduplicated).
+
+Under ``free_order = "any"`` (a target that does not state an order) which free blocks
+an allocation takes is the target's choice: the session hands the model a ``chooser``
+that reads it off the target, and the model takes those blocks if they are free (else
+the queue's head, so that a choice of a block that is not free stays visible).
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ class PoolModel:
         self.hash: list[Optional[Hashable]] = [None] * self.n
         self.queue = [b for b in range(self.n) if b != self.null]
         self.index: dict[Hashable, list[int]] = {}
+        # free_order "any": (n, where) -> the blocks the target took, or None; set by the
+        # session around one step only (kvspec.check.session), never kept in a state
+        self.chooser = None
 
     # -- queries ----------------------------------------------------------------
     def usable(self):
@@ -112,12 +120,30 @@ class PoolModel:
             return self.reset()
         return None
 
-    def alloc(self, n: int) -> list[int]:
-        out, self.queue = self.queue[:n], self.queue[n:]
+    def alloc(self, n: int, where=None) -> list[int]:
+        """Pop ``n`` free blocks: the queue's head, or under free order "any" the blocks
+        the target took (``where``: (request, group, table position) at the cache level,
+        None for a pool-level Alloc)."""
+        picked = self._followed(n, where) if self.order == "any" and self.chooser is not None and n else None
+        if picked is not None:
+            taken = set(picked)
+            out, self.queue = picked, [b for b in self.queue if b not in taken]
+        else:
+            out, self.queue = self.queue[:n], self.queue[n:]
         for b in out:
             self._evict(b)
             self.ref[b] = 1
         return out
+
+    def _followed(self, n: int, where) -> Optional[list[int]]:
+        try:
+            got = self.chooser(n, where)
+        except Exception:
+            got = None
+        if got is None or len(got) != n or len(set(got)) != n:
+            return None
+        free = set(self.queue)
+        return list(got) if all(b in free for b in got) else None
 
     def _evict(self, b: int) -> None:
         key = self.hash[b]
@@ -143,7 +169,7 @@ class PoolModel:
             self.queue = released + self.queue
         elif self.order == "sorted":  # the lowest free id is reused first
             self.queue = sorted(self.queue + released)
-        else:  # lru_tail_first and fifo: to the back; unhashed ones to the front where declared
+        else:  # lru_tail_first, fifo and any: to the back; unhashed ones to the front where declared
             front = [b for b in released if self.unhashed_first and self.hash[b] is None]
             back = [b for b in released if not (self.unhashed_first and self.hash[b] is None)]
             self.queue = front + self.queue + back
