@@ -64,6 +64,18 @@ def test_the_layout_generation_is_detected_from_its_signatures():
     assert counts_tokens(t.manager_cls.can_allocate) and not counts_tokens(t.manager_cls.allocate)
 
 
+class _Shapes:
+    def unannotated_count(self, num_tokens): ...
+    def unannotated_seq(self, seq): ...
+    def annotated_seq(self, seq: "Sequence"): ...  # noqa: F821
+    def annotated_count(self, n: int): ...
+
+
+def test_a_token_count_parameter_is_told_from_a_sequence():
+    assert counts_tokens(_Shapes.unannotated_count) and counts_tokens(_Shapes.annotated_count)
+    assert not counts_tokens(_Shapes.unannotated_seq) and not counts_tokens(_Shapes.annotated_seq)
+
+
 def test_the_call_table_has_the_layout_generation():
     calls = {c.method: c for c in NANO_CALLS[LAYOUT]}
     assert calls["can_allocate"].args == ("num_tokens",)
@@ -166,3 +178,44 @@ def test_a_bug_planted_in_a_tied_page_size_package_is_found(tmp_path):
                     "                else:\n                    pass\n")
     _, report = _check(root, "nanopaged", 300)
     assert report["verdict"] == "violation" and report["violations"][0]["invariant"] == "ACCOUNTING"
+
+
+_CONFIG_MODULE = '''
+class Config:
+    def __init__(self, block_size=256):
+        self.block_size = block_size
+
+_current = None
+
+def setup(block_size=256):
+    global _current
+    _current = Config(block_size)
+
+def current():
+    if _current is None:
+        raise RuntimeError("call setup() first")
+    return _current
+'''
+
+_SEQUENCE_MODULE = '''
+from kvspec_test_field_cfg import current
+
+class Sequence:
+    def __init__(self, token_ids):
+        self.block_size = current().block_size
+        self.token_ids = list(token_ids)
+'''
+
+
+def test_an_initializer_without_required_arguments_is_called_with_the_block_size(monkeypatch, capsys):
+    import types
+
+    from kvspec.targets.nano_sequence import sequence_factory
+    mods = {}
+    for name, src in (("kvspec_test_field_cfg", _CONFIG_MODULE), ("kvspec_test_field_seq", _SEQUENCE_MODULE)):
+        mods[name] = types.ModuleType(name)
+        monkeypatch.setitem(sys.modules, name, mods[name])
+        exec(compile(src, f"<{name}>", "exec"), mods[name].__dict__)
+    seq = sequence_factory(mods["kvspec_test_field_seq"].Sequence)([1, 2, 3], 4, 1)
+    assert seq.block_size == 4 and mods["kvspec_test_field_cfg"]._current.block_size == 4
+    assert "called kvspec_test_field_cfg.setup()" in capsys.readouterr().err

@@ -122,7 +122,7 @@ def _method(cls: type, names: Optional[Names], name: str) -> Any:
 _COUNT_NAMES = ("num_tokens", "num_new_tokens", "n_tokens", "n", "count", "tokens_needed", "num_required_tokens")
 
 
-def counts_tokens(fn) -> bool:
+def counts_tokens(fn: Any) -> bool:
     """Whether ``fn``'s one argument is a number of tokens, not a Sequence: annotated
     ``int``, or named as a count (``can_allocate(self, num_tokens: int)``, v1-style
     nano-vllm, whose scheduler counts the tokens with ``get_token_layout``)."""
@@ -130,8 +130,9 @@ def counts_tokens(fn) -> bool:
     if not params:
         return False
     p = params[0]
-    ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
-    ann = str(ann).strip().strip("'\"")
+    a = p.annotation
+    ann = "" if a is p.empty else a if isinstance(a, str) else getattr(a, "__name__", str(a))
+    ann = ann.strip().strip("'\"")
     if ann:
         return ann == "int"
     return p.name in _COUNT_NAMES or (p.name.startswith("num_") and p.name.endswith("tokens"))
