@@ -17,7 +17,7 @@ waiting request, which holds nothing: a no-op); re-admission allocates again wit
 every token. The manager is built as ``BlockManager(num_blocks, block_size)`` (plus
 ``enable_prefix_caching=`` where the constructor has that switch), or by a user's factory
 with that convention (``user_target``). For the model checker the driver forks itself
-(``snapshot``/``restore``, deep copies), never by pickling. Three API generations are
+(``snapshot``/``restore``, deep copies), never by pickling. Four API generations are
 detected from the signatures, counting only parameters without a default (``NANO_CALLS``
 is the exact call table, per generation, that the load-time contract check reads):
 
@@ -37,7 +37,13 @@ is the exact call table, per generation, that the load-time contract check reads
   first, and a chunk refused after the whole prompt was admitted is preempted
   (``deallocate``) and the admission reported refused. The hit is ``num_cached_tokens``
   after the first ``allocate``. Decode uses ``can_append``/``may_append`` where the
-  manager has them, else ``can_allocate(seq, 1)``/``allocate(seq, 1)``.
+  manager has them, else ``can_allocate(seq, 1)``/``allocate(seq, 1)``;
+- layout (v1-style nano-vllm, whose scheduler counts the tokens): ``get_token_layout(seq)``
+  gives (hit in held blocks, hit in free blocks, new tokens), then ``can_allocate(hit in
+  free + new)``, ``seq.num_new_tokens = new``, ``allocate(seq)``; decode is
+  ``can_append(seq, n)`` then ``may_append(seq)`` with ``seq.num_new_tokens = n``; after
+  each forward ``num_cached_tokens += num_new_tokens`` (the whole prompt at once: its
+  Config's chunked_prefill is off by default).
 
 Names, hooks, protocol. kvspec's names resolve through ``kvspec.targets.names`` (a
 declared name map, else conservative aliases); ``kvspec_observe`` replaces reading the
