@@ -50,22 +50,24 @@ def test_unpatched_vllm_passes_the_engine_level(tmp_path):
     ("preempt_keeps_blocks.diff", "NO_LEAK", "was preempted but still holds blocks", BOUND),
     ("abort_keeps_blocks.diff", "NO_LEAK", "was aborted but still holds blocks", BOUND),
     ("chunk_short_slots.diff", "SLOTS", "asked the KV manager for room for only", BOUND),
-    # speculative decoding (drawn in a quarter of the examples): when every draft is
+    # speculative decoding (drawn in three examples of four on vLLM): when every draft is
     # rejected the scheduler keeps them counted as computed; the next token's KV is read
-    # from a slot that holds a rejected draft's (94 examples at seed 0)
-    ("rejected_drafts_kept.diff", "KV_INTEGRITY", "holds KV of another prefix", 150),
+    # from a slot that holds a rejected draft's (14 examples at seed 0; at that event the
+    # catalogue also sees the block cached over the rejected drafts, I4, listed first)
+    ("rejected_drafts_kept.diff", "KV_INTEGRITY", "holds KV of another prefix", BOUND),
 ])
 def test_a_scheduler_bug_is_found_at_the_engine_level(diff, invariant, words, bound, tmp_path):
     report = _check(DATA / diff, tmp_path, n=bound)
     assert report.violations, f"{diff}: not found in {bound} examples"
     f = report.violations[0]
-    assert f.level == "engine" and f.invariant == invariant, f.to_dict()
-    assert words in f.violations[0].message
+    named = [v for v in f.violations if v.invariant == invariant]   # every violation of the failing event
+    assert f.level == "engine" and named, f.to_dict()
+    assert words in named[0].message
     assert f.repro and Path(f.repro).is_file()
     # the repro's steps are engine events, and replay: with the patch they fail, without they pass
     assert all(type(op).__name__ in ("Arrive", "EngineStep", "Abort") for op in f.steps)
     patched = load_target("vllm", patch=str(DATA / diff))
-    assert run_steps(patched, f.config, f.steps).invariant == invariant
+    assert invariant in [v.invariant for v in run_steps(patched, f.config, f.steps).violations]
     assert not run_steps(load_target("vllm"), f.config, f.steps).failed
 
 

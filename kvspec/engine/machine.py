@@ -7,6 +7,25 @@ Only configurations the engine's own validation accepts are drawn: the block siz
 (vLLM's CPU path rejects none of 1..16, but 4 keeps prompts a few blocks long), a prompt
 never needs more blocks than the pool has, and ``max_tokens`` keeps every request within
 ``max_model_len``.
+
+An engine with speculative decoding (vLLM's n-gram drafter) gets ``SpecEngineMachine``,
+which draws its examples towards where scheduler bugs of preemption, speculative
+decoding and prefix caching live together (vLLM 0.9.0's #19459 needs all three in one
+example: an accepted draft carries a request across a block boundary, the next step
+preempts it, and its re-admission looks up its cached prefix):
+
+- speculative decoding in three examples of four (with 2 or 3 drafts per step);
+- half the pools small (6 to 9 blocks), so a request's growth by 1 + drafts preempts;
+- ``max_tokens`` up to 16, so a request decodes long enough to cross blocks while it
+  is preempted and re-admitted;
+- steps that propose drafts most of the time, and ``decode_run``: two to four drafted
+  steps in a row, each keeping a drawn number of the drafts (accepted runs that grow
+  requests across block boundaries while the pool fills).
+
+Measured on vLLM 0.9.0 (``kvspec check --target vllm --level engine --max-examples 300``):
+the old draws (spec decoding in one example of four, no runs) did not find #19459 within
+3,000 examples at seeds 0-2; these find it at 14, 9 and 243 examples (seeds 0, 1, 2).
+Engines without speculative decoding (nano-vllm) keep ``EngineMachine``'s draws as they were.
 """
 from __future__ import annotations
 
@@ -26,7 +45,6 @@ NUM_CHUNKS = 3
 EXTRAS = (None, None, None, None, "salt:s", "salt:t")
 _TOKEN = st.integers(1, 4)          # few distinct sampled tokens: generated text shares prefixes too
 _MAX_TOKENS = st.integers(1, 8)
-SPEC_TOKENS = (0, 0, 0, 2)          # draft tokens per step (n-gram drafter); 0: no speculative decoding
 
 
 def _chunks() -> list[list[int]]:
@@ -49,10 +67,7 @@ class EngineMachine(KVMachine):
         modes = getattr(self.target.traits, "caching_modes", (True, False))   # only what the engine can run
         caching = modes[0] if len(modes) == 1 else data.draw(st.sampled_from((True, True, True, False)),
                                                               label="caching")
-        # n-gram speculative decoding in some examples (engines that have it): steps propose and accept drafts
-        from kvspec.engine.drivers import supports_spec_decode
-        self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens") \
-            if supports_spec_decode(self.target) else 0
+        self.spec = 0   # no speculative decoding (SpecEngineMachine draws it)
         self.arrived: list[str] = []
         self.usable = (n - 1) * BLOCK_SIZE   # tokens the pool can hold for one request (null block aside)
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
@@ -85,9 +100,67 @@ class EngineMachine(KVMachine):
         self.run(Abort(data.draw(st.sampled_from(self.arrived), label="req")))
 
 
+# -- engines with speculative decoding (vLLM): see the module doc -----------------------
+SPEC_TOKENS = (0, 2, 2, 3)          # draft tokens per step in an example (n-gram drafter); 0: off
+SPEC_POOL = st.one_of(st.integers(6, 9), st.integers(6, 16))   # small pools half the time: preemption
+SPEC_MAX_TOKENS = st.integers(1, 16)
+RUN_LENGTH = st.integers(2, 4)      # drafted steps in a row (decode_run)
+
+
+def _drafts(spec: int) -> st.SearchStrategy:
+    """Drafts a step proposes for the next one: mostly all of them, sometimes none."""
+    return st.sampled_from((spec, spec, 0))
+
+
+def _accepted(spec: int) -> st.SearchStrategy:
+    """Of this step's drafts, how many the model keeps (0: all rejected)."""
+    return st.integers(0, spec)
+
+
+class SpecEngineMachine(EngineMachine):
+    """The engine machine for an engine with speculative decoding (see the module doc)."""
+
+    @initialize(data=st.data())
+    def setup(self, data):
+        n = data.draw(SPEC_POOL, label="num_blocks")
+        modes = getattr(self.target.traits, "caching_modes", (True, False))
+        caching = modes[0] if len(modes) == 1 else data.draw(st.sampled_from((True, True, True, False)),
+                                                              label="caching")
+        self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens")
+        self.arrived = []
+        self.usable = (n - 1) * BLOCK_SIZE
+        self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
+                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec))
+
+    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
+    @rule(data=st.data())
+    def arrive(self, data):
+        prompt = data.draw(_prompts(self.usable - 1), label="prompt")
+        max_tokens = data.draw(SPEC_MAX_TOKENS.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
+        extra = data.draw(st.sampled_from(EXTRAS), label="extra")
+        rid = f"r{len(self.arrived) + 1}"
+        self.arrived.append(rid)
+        self.run(Arrive(rid, prompt, max_tokens, extra))
+
+    @rule(token=_TOKEN, data=st.data())
+    def step_again(self, token, data):
+        drafts = data.draw(_drafts(self.spec), label="drafts") if self.spec else 0
+        accepted = data.draw(_accepted(self.spec), label="accepted") if self.spec else 0
+        self.run(EngineStep(token=token, drafts=drafts, accepted=accepted))
+
+    @precondition(lambda self: self.spec > 0 and bool(self.arrived))
+    @rule(token=_TOKEN, data=st.data())
+    def decode_run(self, token, data):   # consecutive drafted steps: each event is an EngineStep of its own
+        for _ in range(data.draw(RUN_LENGTH, label="run")):
+            self.run(EngineStep(token=token, drafts=self.spec,
+                                accepted=data.draw(_accepted(self.spec), label="accepted")))
+
+
 def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
                    kv_groups: Optional[str] = None) -> type:
     """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
+    from kvspec.engine.drivers import supports_spec_decode
     attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
                  counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
-    return type(f"EngineMachine_{target.name}", (EngineMachine,), attrs)
+    base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
+    return type(f"EngineMachine_{target.name}", (base,), attrs)
