@@ -7,9 +7,11 @@
 #   benchmarks/run_patches.sh                       # impl, vllm, nanovllm: 10 seeds, 60 s (the committed report)
 #   TARGETS=impl SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # a CI-sized run
 #   CAMPAIGN=1 benchmarks/run_patches.sh            # the same matrix through `kvspec campaign` (PER_JOB=N patches
-#                                                   # per Ray task, default 4: one process start per group; 1: one task per
-#                                                   # patch; RAY_ADDRESS=HEAD:6379 for a cluster; resumable from
-#                                                   # RESULTS, default kvspec-campaign/run-patches), same report
+#                                                   # per Ray task, default 1: one task per patch, each forked from
+#                                                   # its Ray worker's warm kvspec process; CAMPAIGN_WARM=false: a
+#                                                   # fresh process per task; RAY_ADDRESS=HEAD:6379 for a cluster;
+#                                                   # resumable from RESULTS, default kvspec-campaign/run-patches),
+#                                                   # same report. benchmarks/bench_campaign_vs_jobs.sh compares both.
 #   REPORT_DIR=DIR ...                              # write the report there instead of reports/
 # benchmarks/campaigns/patches.toml is the default run as a campaign file.
 set -euo pipefail
@@ -28,10 +30,10 @@ if [ "${CAMPAIGN:-0}" != 0 ]; then
   RESULTS="${RESULTS:-kvspec-campaign/run-patches}"
   mkdir -p "$RESULTS"
   toml="$RESULTS/run_patches.toml"
-  { printf '[campaign]\nname = "run-patches"\npatches_report = "%s"\n' "$REPORT_DIR"
+  { printf '[campaign]\nname = "run-patches"\npatches_report = "%s"\nwarm = %s\n' "$REPORT_DIR" "${CAMPAIGN_WARM:-true}"
     for target in $TARGETS; do
       printf '\n[[matrix]]\ncommand = "patches"\ntarget = "%s"\nonly = "each"\nper_job = %s\nseeds = %s\ntimeout = %s\n' \
-        "$target" "${PER_JOB:-4}" "$SEEDS" "$TIMEOUT"
+        "$target" "${PER_JOB:-1}" "$SEEDS" "$TIMEOUT"
     done; } > "$toml"
   start=$(date +%s)
   set +e

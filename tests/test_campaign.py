@@ -131,6 +131,7 @@ def test_per_job_groups_the_patches_and_keeps_every_one_once(tmp_path):
     ("[[matrix]]\ncommand = 'check'\nseed = [0, 1]\n", "needs max_examples"),
     ("[[matrix]]\ncommand = 'check'\nmax_examples = []\n", "empty list"),
     ("[campaign]\nretries = -1\n[[matrix]]\ncommand = 'mc'\n", "retries"),
+    ("[campaign]\nwarm = 'yes'\n[[matrix]]\ncommand = 'mc'\n", "warm must be true or false"),
 ])
 def test_a_bad_file_is_one_line_and_exit_2(tmp_path, text, says):
     f = write(tmp_path, text)
@@ -166,6 +167,85 @@ def test_findings_dedup_by_invariant_and_steps():
     assert [(f["count"], f["jobs"]) for f in got] == [(1, ["c"]), (2, ["a", "b"])]
 
 
+# -- warm jobs: forks of a long-lived kvspec process, no Ray ------------------------------
+def _children(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(x) for x in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            kids = []
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.fixture
+def warm_client():
+    from kvspec.campaign import warm
+    from kvspec.campaign.runner import _env
+    from kvspec.campaign.matrix import Job
+
+    c = warm.WarmClient(_env(Job("x", "check", {})))
+    saved, warm._client = warm._client, c
+    try:
+        yield c
+    finally:
+        warm._client = saved
+        c.close()
+
+
+def test_a_warm_job_gives_the_fresh_process_verdict_and_the_server_is_reused(tmp_path, warm_client):
+    from kvspec.campaign.runner import run_job
+
+    jobs = load_campaign(write(tmp_path, TINY)).jobs
+    fresh = [run_job(j.to_dict(), 300, warm=False) for j in jobs]
+    warm = [run_job(j.to_dict(), 300, warm=True) for j in jobs]
+    assert [r["runner"] for r in fresh] == ["process"] * 3 and [r["runner"] for r in warm] == ["warm"] * 3
+    assert _by_id(warm) == _by_id(fresh) and {v for v, _ in _by_id(warm).values()} == {"pass", "violation"}
+    assert [r["exit_code"] for r in warm] == [r["exit_code"] for r in fresh]
+    assert [sorted(r["repros"]) for r in warm] == [sorted(r["repros"]) for r in fresh]
+    assert warm_client.started == 1 and len({r["pid"] for r in warm}) == 1  # one server, every job forked from it
+
+
+def test_a_job_with_its_own_environment_is_a_fresh_process(tmp_path, warm_client):
+    from kvspec.campaign.runner import run_job
+    from kvspec.campaign.matrix import Job
+
+    job = Job("env-job", "check", {"target": "impl", "level": "pool", "seed": 0, "max_examples": 5},
+              env={"KVSPEC_X": "1"})
+    r = run_job(job.to_dict(), 300, warm=True)
+    assert r["runner"] == "process" and r["verdict"] == "pass" and warm_client.started == 0
+
+
+def test_a_warm_job_past_its_limit_is_killed_with_its_workers_and_the_server_goes_on(warm_client):
+    from kvspec.campaign.runner import run_job
+    from kvspec.campaign.matrix import Job
+
+    # popleft_loop is the impl corpus's equivalent mutant: every trial runs to --timeout
+    hung = Job("hung", "patches", {"target": "impl", "only": "popleft_loop", "seeds": 2, "timeout": 60})
+    r = run_job(hung.to_dict(), 3, warm=True)
+    assert r["runner"] == "warm" and r["exit_code"] == 124 and r["verdict"] == "error"
+    assert "job killed after its 3 s job_timeout" in r["error"]
+    server = warm_client.proc
+    assert server.poll() is None and _children(server.pid) == []  # the job and its trial worker are gone
+    ok = Job("ok", "check", {"target": "impl", "level": "pool", "seed": 0, "max_examples": 5})
+    assert run_job(ok.to_dict(), 300, warm=True)["verdict"] == "pass" and warm_client.started == 1
+
+
+def test_a_server_that_dies_is_replaced_for_the_next_job(warm_client):
+    from kvspec.campaign.runner import run_job
+    from kvspec.campaign.matrix import Job
+
+    ok = Job("ok", "check", {"target": "impl", "level": "pool", "seed": 0, "max_examples": 5})
+    assert run_job(ok.to_dict(), 300, warm=True)["verdict"] == "pass"
+    warm_client.proc.kill()
+    warm_client.proc.wait()
+    assert run_job(ok.to_dict(), 300, warm=True)["verdict"] == "pass" and warm_client.started == 2
+
+
 # -- a tiny matrix on a local Ray ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def local_ray():
@@ -197,7 +277,8 @@ def test_tiny_matrix_on_local_ray_equals_one_process_and_resumes(tmp_path, local
 
     jobs = load_campaign(f).jobs
     records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
-    direct = run_serial(jobs, timeout=300)
+    direct = run_serial(jobs, timeout=300)  # fresh python -m kvspec processes
+    assert {r["runner"] for r in records} == {"warm"}  # the Ray workers' warm servers ran them
     assert _by_id(records) == _by_id(direct)  # same verdicts and findings as one process, job by job
     assert {x["invariant"] for x in got["findings"]} == {"I4"}
     # the report: Markdown, JSON, JUnit (one testcase per job, a failure per violation), the figure
@@ -224,6 +305,33 @@ def test_tiny_matrix_on_local_ray_equals_one_process_and_resumes(tmp_path, local
     monkeypatch.setattr(execute_mod, "execute", lambda *a, **k: pytest.fail("a finished campaign ran jobs"))
     rc, out, _ = run(["campaign", str(f), "--results", str(results), "--json"])
     assert rc == 1 and json.loads(out)["skipped_done"] == 3
+
+
+def test_a_local_campaign_runs_its_first_jobs_while_ray_starts(tmp_path):
+    """Without a Ray of the caller's, the driver starts a local one and runs jobs itself
+    meanwhile (its first job at once: Ray's start takes seconds); every job once, the
+    same verdicts as fresh processes. A subprocess: the module's local_ray may be up."""
+    import os
+    import subprocess
+    import sys
+
+    from kvspec.campaign.runner import run_serial
+
+    f = write(tmp_path, TINY)
+    results = tmp_path / "results"
+    r = subprocess.run([sys.executable, "-m", "kvspec", "campaign", str(f), "--results", str(results), "--json"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    got = json.loads(r.stdout)
+    assert r.returncode == 1 and got["counts"] == {"pass": 1, "violation": 2, "fail": 0, "error": 0}, r.stderr[-3000:]
+    jobs = load_campaign(f).jobs
+    records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
+    assert records[0].get("ran_on") == "driver, while Ray started" and records[0]["runner"] == "warm"
+    counts: dict[str, int] = {}
+    for line in (results / "finished.log").read_text().splitlines():
+        counts[line.split()[0]] = counts.get(line.split()[0], 0) + 1
+    assert counts == {j.id: 1 for j in jobs}
+    assert _by_id(records) == _by_id(run_serial(jobs, timeout=300))
 
 
 def test_the_release_sweep_as_a_campaign_file_has_one_job_per_release_and_pass(tmp_path):

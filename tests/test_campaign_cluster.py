@@ -1,7 +1,9 @@
 """A two-node Ray cluster on this machine (``ray start --head``, then a second
 ``ray start --address``), a small campaign on it, and the worker node killed while it
 runs a job: Ray's task retries run that job again on the head node, every job
-finishes exactly once, and the verdicts equal a one-process run.
+finishes exactly once, and the verdicts equal a one-process run. The jobs need no
+environment of their own, so they run warm (forked from each Ray worker's kvspec
+server): the kill takes the server and its job with the node.
 
 Each node runs in its own session (``ray start --block`` in a new session), with its
 own temp dir and one CPU, so killing the node is killing every process of its session
@@ -101,15 +103,29 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=30)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _jobs_on(node: subprocess.Popen) -> list[int]:
-    """The kvspec job processes running on ``node``."""
+    """The kvspec job processes running on ``node``: a ``python -m kvspec check`` subprocess,
+    or a job forked from a Ray worker's warm server (kvspec.campaign.warm, forked from itself)."""
     out = []
     for pid in _session(node.pid):
-        try:
-            if b"kvspec\x00check" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.append(pid)
-        except OSError:
-            continue
+        cmd = _cmdline(pid)
+        if b"kvspec\x00check" in cmd or (b"kvspec.campaign.warm" in cmd and b"kvspec.campaign.warm" in
+                                          _cmdline(_ppid(pid))):
+            out.append(pid)
     return out
 
 
@@ -167,4 +183,5 @@ def test_two_nodes_a_node_killed_mid_run_every_job_once_same_verdicts(tmp_path):
         return {r["id"]: (r["verdict"], sorted((f["invariant"], tuple(f["steps"])) for f in findings_of(r)))
                 for r in records}
     records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
-    assert verdicts(records) == verdicts(run_serial(jobs, timeout=300))
+    assert {r["runner"] for r in records} == {"warm"}
+    assert verdicts(records) == verdicts(run_serial(jobs, timeout=300))  # fresh processes, one at a time

@@ -63,7 +63,7 @@ def cmd_campaign(args: Any) -> int:
     try:
         if pending:
             execute(pending, args.address, camp.job_timeout, camp.retries, done,
-                    on_start=lambda running, slots: progress.update(running, slots))
+                    on_start=lambda running, slots: progress.update(running, slots), warm=camp.warm)
     finally:
         progress.close()
     wall = time.monotonic() - t0

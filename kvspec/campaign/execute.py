@@ -4,6 +4,8 @@ Ray is imported here, lazily, and only by ``kvspec campaign``: importing it take
 seconds, which no other command should pay. Each job is one Ray task of one CPU; a
 task whose node or worker process dies is run again by Ray itself (``max_retries``,
 system failures only: a job that ran and gave an error is an answer, not retried).
+While a local Ray instance starts, this process runs the first jobs itself
+(``_WhileRayStarts``).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from typing import Callable, Optional, Sequence
 
@@ -28,9 +31,11 @@ def require_ray() -> None:
         raise UsageError(f"kvspec campaign needs Ray, which is not installed: {INSTALL_HINT}")
 
 
-def _run_remote(job_d: dict, timeout: float) -> dict:
+def _run_remote(job_d: dict, timeout: float, warm: bool = True) -> dict:
+    # Ray reuses a worker process from task to task: the warm server it starts with its
+    # first job (kvspec.campaign.warm) serves the next ones
     from kvspec.campaign.runner import run_job
-    return run_job(job_d, timeout)
+    return run_job(job_d, timeout, warm)
 
 
 def _lost(job: Job, error: BaseException, retries: int) -> dict:
@@ -93,24 +98,101 @@ def stdout_to_stderr():
 
 
 def execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retries: int,
-            on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]] = None) -> None:
+            on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]] = None,
+            warm: bool = True) -> None:
     """Run ``jobs`` as Ray tasks; ``on_done(record, running, slots)`` for each as it finishes."""
     with stdout_to_stderr():
-        _execute(jobs, address, timeout, retries, on_done, on_start)
+        _execute(jobs, address, timeout, retries, on_done, on_start, warm)
+
+
+class _WhileRayStarts:
+    """Starting a local Ray instance takes 8 to 13 s on a 2-core machine (GCS, raylet and
+    its agents, each a Python process importing Ray), about half a core busy: this process
+    runs the first jobs itself meanwhile, one at a time, the way a Ray worker would
+    (``run_job``, warm), and stops taking new ones once Ray is up; until the job it runs
+    then is done, Ray gets one job fewer than its CPUs. Only for a local instance: on a
+    cluster, connecting is quick and the driver may be no place for jobs."""
+
+    def __init__(self, jobs: Sequence[Job], timeout: float, warm: bool, on_done: Callable[[dict], None]) -> None:
+        self.queue = list(jobs)
+        self.lock = threading.Lock()
+        self.timeout, self.warm, self.on_done = timeout, warm, on_done
+        self.ran = 0
+        self.thread = threading.Thread(target=self._run, name="kvspec-while-ray-starts", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from kvspec.campaign.runner import run_job
+        while True:
+            with self.lock:
+                if not self.queue:
+                    return
+                job = self.queue.pop(0)
+            record = run_job(job.to_dict(), self.timeout, self.warm)
+            record["ran_on"] = "driver, while Ray started"
+            self.ran += 1
+            self.on_done(record)
+
+    def rest(self) -> list[Job]:
+        """Stop taking jobs; the ones not taken (the job it runs now finishes here)."""
+        with self.lock:
+            rest, self.queue = self.queue, []
+        return rest
+
+    def finish(self) -> None:
+        self.thread.join()
+        from kvspec.campaign import warm
+        if warm._client is not None:  # this process's warm server has no more jobs
+            warm._client.close()
+            warm._client = None
 
 
 def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retries: int,
-             on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]]) -> None:
-    ray, started_here = connect(address)
+             on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]],
+             warm: bool = True) -> None:
+    require_ray()
+    done_lock = threading.Lock()
+    slots = 1
+
+    def done(record: dict, running: int) -> None:
+        with done_lock:
+            on_done(record, running, slots)
+
+    early = None
+    ours = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # else a caller's Ray is up already
+    if address is None and ours and jobs:
+        early = _WhileRayStarts(jobs, timeout, warm, lambda r: done(r, 1))
+        if on_start:
+            on_start(1, 1)
     try:
+        ray, started_here = connect(address)
+    except BaseException:
+        if early:
+            early.rest()
+        raise
+    try:
+        queue = early.rest() if early else list(jobs)
         task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(_run_remote)
-        refs = {task.remote(j.to_dict(), timeout): j for j in jobs}
-        pending = list(refs)
+        refs: dict = {}
+        pending: list = []
         slots = max(1, int(ray.cluster_resources().get("CPU", 1)))
         if on_start:
-            on_start(min(len(pending), slots), slots)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=10.0)
+            on_start(min(len(queue), slots), slots)
+        while queue or pending:
+            # while this process still runs a job of its own, Ray gets one job fewer than its
+            # CPUs: a core each, as kvspec patches --jobs gives its trials (a timed trial on a
+            # shared core would search less in its seconds); then every job left, at once
+            driver_busy = early is not None and early.thread.is_alive()
+            room = max(0, slots - 1 - len(pending)) if driver_busy else len(queue)
+            for job in queue[:room]:
+                ref = task.remote(job.to_dict(), timeout, warm)
+                refs[ref] = job
+                pending.append(ref)
+            del queue[:room]
+            if not pending:
+                time.sleep(0.2)
+                continue
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5 if driver_busy else 10.0)
             if not ready:
                 slots = max(1, int(ray.cluster_resources().get("CPU", slots)))  # nodes come and go
                 continue
@@ -120,7 +202,9 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
                     record = ray.get(ref)
                 except Exception as e:  # RayTaskError, WorkerCrashedError, NodeDiedError, ...
                     record = _lost(job, e, retries)
-                on_done(record, min(len(pending), slots), slots)
+                done(record, min(len(pending), slots))
+        if early:
+            early.finish()
     finally:
         if started_here:
             t0 = time.monotonic()

@@ -5,6 +5,8 @@
     results = "DIR"               # results directory (default kvspec-campaign/NAME; --results wins)
     db = "DIR"                    # shared Hypothesis example database for budget check jobs (--db)
     job_timeout = 3600            # seconds before a job's process is killed (an error, not a verdict)
+    warm = true                   # jobs without env/pythonpath fork from a warm kvspec process per
+                                  # Ray worker (false: a fresh python -m kvspec per job, as before)
     retries = 3                   # Ray task retries when the node running a job dies
     patches_report = "DIR"        # where patches jobs' merged report goes (default: the results dir)
 
@@ -58,7 +60,7 @@ OPTIONS: dict[str, frozenset[str]] = {
     "patches": frozenset({"target", "seeds", "timeout", "only", "kv_groups"}),
 }
 SPECIAL = frozenset({"command", "release", "pythonpath", "env", "label", "per_job"})
-CAMPAIGN_KEYS = frozenset({"name", "results", "db", "job_timeout", "retries", "patches_report"})
+CAMPAIGN_KEYS = frozenset({"name", "results", "db", "job_timeout", "retries", "patches_report", "warm"})
 PATH_OPTIONS = frozenset({"patch", "db"})
 
 
@@ -104,6 +106,7 @@ class Campaign:
     job_timeout: float = 3600.0
     retries: int = 3
     patches_report: str | None = None
+    warm: bool = True
 
 
 def _fail(path: Path, what: str) -> UsageError:
@@ -134,16 +137,51 @@ def _axes(table: dict, path: Path, where: str) -> list[tuple[str, list]]:
     return axes
 
 
+PUBLISHED_REPORT = Path(__file__).resolve().parents[2] / "reports" / "patches.json"  # a checkout's corpus report
+
+
+def _mean_trial_seconds(target: str, report: Path = PUBLISHED_REPORT) -> dict[str, float]:
+    """patch id -> its trials' mean wall seconds in the published corpus report (a
+    checkout's ``reports/patches.json``); empty without one. Only an order: which patches
+    tend to run long (a bug found late in the search, or missed on some seeds)."""
+    try:
+        trials = json.loads(report.read_text())["targets"][target]["trials"]
+        walls: dict[str, list[float]] = {}
+        for t in trials:
+            walls.setdefault(t["id"], []).append(float(t.get("wall_seconds") or 0.0))
+        return {k: sum(v) / len(v) for k, v in walls.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _corpus(target: str) -> list[dict]:
+    f = Path(__file__).resolve().parent.parent / "corpus" / str(target) / "bugs.json"
+    try:
+        bugs = json.loads(f.read_text())
+        return [{"id": b["id"], "slow": b.get("kind") == "equivalent" or b.get("engine") == "diff"} for b in bugs]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"kvspec campaign: only = \"each\": no readable bug corpus for target {target!r} ({f})") from None
+
+
 def corpus_ids(target: str) -> list[str]:
     """The patch ids of the installed corpus of ``target`` (for ``only = "each"``), the
     long ones first as ``kvspec patches`` orders them: an equivalent mutant or a rare-input
     bug runs every seed to the timeout, and last in the queue it would run alone."""
-    f = Path(__file__).resolve().parent.parent / "corpus" / str(target) / "bugs.json"
-    try:
-        bugs = json.loads(f.read_text())
-        return [b["id"] for b in sorted(bugs, key=lambda b: b.get("kind") != "equivalent" and b.get("engine") != "diff")]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"kvspec campaign: only = \"each\": no readable bug corpus for target {target!r} ({f})") from None
+    return [b["id"] for b in sorted(_corpus(target), key=lambda b: not b["slow"])]
+
+
+def _longest_first(groups: list[str], target: str) -> list[str]:
+    """``groups`` (comma-joined ids) in the order to queue them: a group with an
+    equivalent or rare-input patch first, then by its trials' mean time in the published
+    report, longest first. A job is a patch's every seed, so one long job last in the
+    queue runs alone on one core at the end (measured: 22 s of a 2-minute run when
+    nano-vllm's append_dedupes came last). Only the order changes, never the groups:
+    the job ids stay what they were."""
+    seconds = _mean_trial_seconds(target)
+    slow = {b["id"] for b in _corpus(target) if b["slow"]}
+    rank = {g: i for i, g in enumerate(groups)}
+    return sorted(groups, key=lambda g: (not slow.intersection(g.split(",")),
+                                         -sum(seconds.get(x, 0.0) for x in g.split(",")), rank[g]))
 
 
 def _groups(ids: list[str], per_job: int) -> list[str]:
@@ -188,7 +226,8 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
         targets = table.get("target", "impl")
         rest = {k: v for k, v in table.items() if k != "per_job"}
         return [j for t in (targets if isinstance(targets, list) else [targets])
-                for j in _expand_table({**rest, "target": t, "only": _groups(corpus_ids(t), per_job)}, n, path, camp)]
+                for j in _expand_table({**rest, "target": t, "only": _longest_first(_groups(corpus_ids(t), per_job), t)},
+                                                n, path, camp)]
     opts = {k: v for k, v in table.items() if k not in SPECIAL}
     if command == "check" and "max_examples" not in opts and not opts.get("derandomize") and "budget" not in opts:
         raise _fail(path, f"{where}: a check job needs max_examples (deterministic) or an explicit budget (seconds)")
@@ -272,6 +311,9 @@ def load_campaign(path: str | os.PathLike) -> Campaign:
         raise _fail(p, f"[campaign] job_timeout must be a positive number of seconds (got {timeout!r})")
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise _fail(p, f"[campaign] retries must be a whole number, 0 or more (got {retries!r})")
+    warm = camp.get("warm", True)
+    if not isinstance(warm, bool):
+        raise _fail(p, f"[campaign] warm must be true or false (got {warm!r})")
     return Campaign(name=name, path=p, jobs=jobs, results=str(camp.get("results") or Path("kvspec-campaign") / name),
                     db=camp.get("db"), job_timeout=float(timeout), retries=retries,
-                    patches_report=camp.get("patches_report"))
+                    patches_report=camp.get("patches_report"), warm=warm)

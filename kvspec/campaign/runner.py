@@ -1,16 +1,28 @@
-"""Run one campaign job: ``python -m kvspec <command> ... --json`` in a subprocess.
+"""Run one campaign job: ``kvspec <command> ... --json`` in a process of its own.
 
-A subprocess, not a call in the Ray worker: a job patches modules, installs signal
-handlers and may shadow the installed vLLM through ``PYTHONPATH``; none of that may
-leak into the next job the same worker runs. It runs in a scratch directory (a
-checkout's ``kvspec/`` folder in the working directory would shadow the installed
-package), its repro files are read back into the result, so the driver can keep them
+A process of its own, not a call in the Ray worker: a job patches modules, installs
+signal handlers and may shadow the installed vLLM through ``PYTHONPATH``; none of that
+may leak into the next job the same worker runs. Which process:
+
+- a job with an environment of its own (``env``, ``pythonpath``: a release tree) is a
+  fresh ``python -m kvspec`` subprocess, with that environment;
+- every other job (``warm``, the default) is a fork of this worker's warm kvspec
+  server (``kvspec.campaign.warm``), which has kvspec and the target's package
+  imported already: the same command line and the same verdict without paying the
+  interpreter's and the imports' start-up per job (seconds a job; the corpus run is
+  many short jobs).
+
+Either way it runs in a scratch directory (a checkout's ``kvspec/`` folder in the
+working directory would shadow the installed package), within ``timeout`` seconds,
+and its repro files are read back into the result, so the driver can keep them
 whichever node ran the job.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,23 +97,42 @@ def verdict_of(command: str, exit_code: int, result: Optional[dict]) -> str:
     return v if v in (("pass", "fail") if command == "patches" else ("pass", "violation")) else "error"
 
 
-def run_job(job_d: dict, timeout: float = 3600.0) -> dict[str, Any]:
-    """Run the job ``job_d`` (``Job.to_dict()``) here and return its result record."""
+def warm_eligible(job: Job) -> bool:
+    """A job that needs no environment of its own can run in the warm server."""
+    return not job.env and not job.pythonpath
+
+
+def _subprocess(cmd: list[str], job: Job, scratch: str, timeout: float) -> tuple[Optional[int], str, str]:
+    # a process group of its own: past the limit its trial workers (kvspec patches forks them) go too
+    with subprocess.Popen(cmd, env=_env(job), cwd=scratch, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, process_group=0) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+            return p.returncode, out, err
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+            _, err = p.communicate()
+            return 124, "", (err or "") + f"\nkvspec campaign: job killed after its {timeout:g} s job_timeout"
+
+
+def run_job(job_d: dict, timeout: float = 3600.0, warm: bool = True) -> dict[str, Any]:
+    """Run the job ``job_d`` (``Job.to_dict()``) here and return its result record;
+    ``warm``: in this process's warm server when the job allows it (``warm_eligible``)."""
     job = Job.from_dict(job_d)
     t0 = time.time()
+    how = "warm" if warm and warm_eligible(job) else "process"
     with tempfile.TemporaryDirectory(prefix="kvspec-campaign-job-") as scratch:
         reports = Path(scratch) / "reports"
         cmd = command_line(job, str(reports))
-        try:
-            r = subprocess.run(cmd, env=_env(job), cwd=scratch, capture_output=True, text=True, timeout=timeout)
-            code, out, err = r.returncode, r.stdout, r.stderr
-        except subprocess.TimeoutExpired as e:
-            code, out = 124, ""
-            err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
-                f"\nkvspec campaign: job killed after its {timeout:g} s job_timeout"
+        if how == "warm":
+            from kvspec.campaign.warm import client
+            code, out, err = client(_env(job)).run(cmd[3:], scratch, timeout, job.options.get("target"))
+        else:
+            code, out, err = _subprocess(cmd, job, scratch, timeout)
         result = _json_line(out)
         repros = _repros(reports) if reports.is_dir() else {}
-    verdict = verdict_of(job.command, code, result)
+    verdict = verdict_of(job.command, code if code is not None else -1, result)
     error = None
     if verdict == "error":
         error = (result or {}).get("error") or _last_line(err) or f"exit code {code}"
@@ -109,7 +140,7 @@ def run_job(job_d: dict, timeout: float = 3600.0) -> dict[str, Any]:
     return {"id": job.id, "label": job.label, "command": job.command, "argv": ["kvspec", *shown],
             "env": job.env, "pythonpath": list(job.pythonpath), "exit_code": code, "verdict": verdict,
             "error": error, "seconds": round(time.time() - t0, 3), "node": socket.gethostname(),
-            "pid": os.getpid(), "result": result, "repros": repros, "stderr_tail": err[-STDERR_TAIL:]}
+            "pid": os.getpid(), "runner": how, "result": result, "repros": repros, "stderr_tail": err[-STDERR_TAIL:]}
 
 
 def _last_line(text: str) -> str:
@@ -117,6 +148,7 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-def run_serial(jobs: list[Job], timeout: float = 3600.0) -> list[dict]:
-    """Every job one after the other in this process's children: the one-process baseline."""
-    return [run_job(j.to_dict(), timeout) for j in jobs]
+def run_serial(jobs: list[Job], timeout: float = 3600.0, warm: bool = False) -> list[dict]:
+    """Every job one after the other in this process's children: the one-process baseline
+    (fresh ``python -m kvspec`` processes unless ``warm``)."""
+    return [run_job(j.to_dict(), timeout, warm) for j in jobs]
