@@ -350,23 +350,15 @@ class Session:
         obs: Optional[Observation] = None
         if self._follow and misuse is None and error is None:
             # free order "any": the model takes the blocks the target took, read off it now
-            try:
-                obs = self._call(limit, self.driver.observe)
-            except OpTimeout as t:
-                return self._hung(op, t)
-            except _Escaped as x:
-                return self._escaped(op, x.exc)
-            except TargetError:
-                raise
-            except Exception as e:
-                error, obs = e, self.obs
-            else:
+            obs, error, ended = self._observe(op, limit, error)
+            if ended is not None:
+                return ended
+            if error is None:
                 self._model_pool().chooser = _chooser(obs, result)
         try:
             expected = self.model.apply(op) if misuse is None else None
         finally:
-            if obs is not None:
-                self._model_pool().chooser = None
+            self._model_pool().chooser = None
         if live is not None and (misuse is None) == (error is None):
             try:
                 delta = self.driver.observe_delta()
@@ -380,18 +372,10 @@ class Session:
                 self.fast_steps += 1
                 return []
         # The full way: what every step does without deltas, and the reference.
-        try:
-            obs = self._call(limit, self.driver.observe) if obs is None else obs
-        except OpTimeout as t:
-            return self._hung(op, t)
-        except _Escaped as x:
-            return self._escaped(op, x.exc)
-        except TargetError:
-            raise
-        except Exception as e:
-            if error is None:
-                error = e
-            obs = self.obs
+        if obs is None:
+            obs, error, ended = self._observe(op, limit, error)
+            if ended is not None:
+                return ended
         if self.shadow is not None and misuse is None and error is None:
             self._write_shadow(op, result, obs)
         ctx = self._context(op, obs, misuse, error, result, expected)
@@ -408,6 +392,21 @@ class Session:
             else:
                 self._live = None
         return self._with_output(found) if found else found
+
+    def _observe(self, op: Op, limit: Optional[float], error: Optional[BaseException]):
+        """The target's state after ``op``: (observation, error, None), the error being the
+        step's own or else the observer's (the last observation stands in); or
+        (None, error, findings) when reading it hung or tried to end the process."""
+        try:
+            return self._call(limit, self.driver.observe), error, None
+        except OpTimeout as t:
+            return None, error, self._hung(op, t)
+        except _Escaped as x:
+            return None, error, self._escaped(op, x.exc)
+        except TargetError:
+            raise
+        except Exception as e:
+            return self.obs, error if error is not None else e, None
 
     def _hung(self, op: Op, t: Optional[OpTimeout], secs: Optional[float] = None,
               seen: bool = False) -> list[Violation]:

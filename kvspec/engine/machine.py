@@ -43,6 +43,9 @@ BLOCK_SIZE = 4
 MAX_ARRIVED = 6        # requests per example
 NUM_CHUNKS = 3
 EXTRAS = (None, None, None, None, "salt:s", "salt:t")
+# LoRA adapters, for an engine that takes them (its ``extra_kinds``): two adapters over the
+# same prompts, and one with a salt too, so that blocks must differ by adapter
+LORA_EXTRAS = ("lora:A", "lora:B", "lora:A;salt:s")
 _TOKEN = st.integers(1, 4)          # few distinct sampled tokens: generated text shares prefixes too
 _MAX_TOKENS = st.integers(1, 8)
 
@@ -73,12 +76,18 @@ class EngineMachine(KVMachine):
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
                           kv_groups=self.kv_groups or "full", spec_tokens=self.spec))
 
+    max_tokens = _MAX_TOKENS   # how long a request decodes (SpecEngineMachine: longer)
+
+    def extras(self) -> tuple:
+        """The extra keys an arrival may carry: cache salts (SpecEngineMachine: LoRA too)."""
+        return EXTRAS
+
     @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
     @rule(data=st.data())
     def arrive(self, data):
         prompt = data.draw(_prompts(self.usable - 1), label="prompt")
-        max_tokens = data.draw(_MAX_TOKENS.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
-        extra = data.draw(st.sampled_from(EXTRAS), label="extra")
+        max_tokens = data.draw(self.max_tokens.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
+        extra = data.draw(st.sampled_from(self.extras()), label="extra")
         rid = f"r{len(self.arrived) + 1}"
         self.arrived.append(rid)
         self.run(Arrive(rid, prompt, max_tokens, extra))
@@ -132,15 +141,11 @@ class SpecEngineMachine(EngineMachine):
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
                           kv_groups=self.kv_groups or "full", spec_tokens=self.spec))
 
-    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
-    @rule(data=st.data())
-    def arrive(self, data):
-        prompt = data.draw(_prompts(self.usable - 1), label="prompt")
-        max_tokens = data.draw(SPEC_MAX_TOKENS.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
-        extra = data.draw(st.sampled_from(EXTRAS), label="extra")
-        rid = f"r{len(self.arrived) + 1}"
-        self.arrived.append(rid)
-        self.run(Arrive(rid, prompt, max_tokens, extra))
+    max_tokens = SPEC_MAX_TOKENS
+
+    def extras(self) -> tuple:
+        kinds = getattr(getattr(self.session, "engine", None), "extra_kinds", ("salt",))
+        return EXTRAS + (LORA_EXTRAS if "lora" in kinds else ())
 
     @rule(token=_TOKEN, data=st.data())
     def step_again(self, token, data):

@@ -160,7 +160,8 @@ def legacy_engine(engine_cls: type) -> type:
     on 0.9.x it would report the model's difference, not a bug. What stays: a crash or
     hang of the scheduler, and the engine-level checks (slots, computed tokens backed,
     preempted/finished requests holding nothing: ``kvspec.engine.checks``)."""
-    return type("Legacy" + engine_cls.__name__, (engine_cls,), {"manager_calls": property(_no_replay)})
+    return type("Legacy" + engine_cls.__name__, (engine_cls,), {"manager_calls": property(_no_replay),
+                                                                "extra_kinds": ("salt",)})
 
 
 LEGACY_RELEASES = ((0, 9),)   # the releases this module was checked on (0.9.0); 0.10-0.25 stay refused

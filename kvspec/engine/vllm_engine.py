@@ -127,6 +127,10 @@ class _Recorder:
 class VllmEngine:
     """``EngineDriver`` over vLLM's v1 Scheduler (see the module doc)."""
 
+    # the extra keys an arrival may carry here (the engine machine draws only these): a
+    # cache salt, and a LoRA adapter (``LoRARequest``; vLLM hashes its name into the blocks)
+    extra_kinds: tuple[str, ...] = ("salt", "lora")
+
     def __init__(self, mods: dict[str, Any], shape: EngineShape) -> None:
         self.shape = shape
         self.block_size = shape.block_size
