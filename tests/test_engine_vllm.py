@@ -72,7 +72,9 @@ def test_a_scheduler_bug_is_found_at_the_engine_level(diff, invariant, words, bo
 
 
 @pytest.mark.parametrize("diff, invariant", [("free_head_first.diff", "EVICTION_ORDER"),
-                                             ("hash_no_parent.diff", "HASH_CHAIN")])
+                                             ("hash_no_parent.diff", "HASH_CHAIN"),
+                                             # LoRA requests are drawn at the engine level too
+                                             ("lora_not_hashed.diff", "HASH_CHAIN")])
 def test_a_kv_manager_bug_is_seen_through_the_scheduler(diff, invariant, tmp_path):
     # The manager calls are replayed through the cache-level model and catalogue: the
     # free order and the hash chain are judged on the scheduler's own calls.
