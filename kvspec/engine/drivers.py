@@ -43,8 +43,10 @@ def engine_shape(config: Config) -> Any:
     for c in chunks:
         if c.strip().isdigit() and int(c) % config.block_size:
             raise TargetError(CHUNK_NOT_BLOCKS.format(spec=spec, chunk=int(c), block_size=config.block_size))
+    cap = getattr(config, "max_model_len", None)
     return EngineShape(block_size=config.block_size, num_blocks=config.num_blocks, caching=config.caching,
-                       kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0))
+                       kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0),
+                       **({"max_model_len": cap} if cap else {}))
 
 
 def supports_spec_decode(target: Any) -> bool:

@@ -6,7 +6,7 @@ clients abort. What to schedule, chunk, preempt and finish is the engine's decis
 Only configurations the engine's own validation accepts are drawn: the block size is 4
 (vLLM's CPU path rejects none of 1..16, but 4 keeps prompts a few blocks long), a prompt
 never needs more blocks than the pool has, and ``max_tokens`` keeps every request within
-``max_model_len``.
+the pool (and, unless a cap is drawn, within ``max_model_len``).
 
 An engine with speculative decoding (vLLM's n-gram drafter) gets ``SpecEngineMachine``,
 which draws its examples towards where scheduler bugs of preemption, speculative
@@ -26,6 +26,12 @@ Measured on vLLM 0.9.0 (``kvspec check --target vllm --level engine --max-exampl
 the old draws (spec decoding in one example of four, no runs) did not find #19459 within
 3,000 examples at seeds 0-2; these find it at 14, 9 and 243 examples (seeds 0, 1, 2).
 Engines without speculative decoding (nano-vllm) keep ``EngineMachine``'s draws as they were.
+
+On the current manager API (vLLM >= 0.26) the machine also draws what a release can take
+beyond salts: LoRA adapters (``extra_kinds``; two adapters over the same prompts, so blocks
+must differ by adapter) and, in a quarter of the examples, a ``max_model_len`` of 8 to 24
+tokens that binds (prompts stay under it, ``max_tokens`` may run past it: the scheduler
+stops the request at the cap). 0.9.x's draws are unchanged, so its numbers above hold.
 """
 from __future__ import annotations
 
@@ -73,6 +79,7 @@ class EngineMachine(KVMachine):
         self.spec = 0   # no speculative decoding (SpecEngineMachine draws it)
         self.arrived: list[str] = []
         self.usable = (n - 1) * BLOCK_SIZE   # tokens the pool can hold for one request (null block aside)
+        self.longest = self.usable - 1       # the longest prompt drawn
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
                           kv_groups=self.kv_groups or "full", spec_tokens=self.spec))
 
@@ -85,7 +92,7 @@ class EngineMachine(KVMachine):
     @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
     @rule(data=st.data())
     def arrive(self, data):
-        prompt = data.draw(_prompts(self.usable - 1), label="prompt")
+        prompt = data.draw(_prompts(self.longest), label="prompt")
         max_tokens = data.draw(self.max_tokens.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
         extra = data.draw(st.sampled_from(self.extras()), label="extra")
         rid = f"r{len(self.arrived) + 1}"
@@ -138,8 +145,15 @@ class SpecEngineMachine(EngineMachine):
         self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens")
         self.arrived = []
         self.usable = (n - 1) * BLOCK_SIZE
+        # a max_model_len that binds, in a quarter of the examples, where the manager takes one
+        # (the current API; 0.9.x's draws stay as they were): requests then stop at the cap
+        cap = None
+        if getattr(self.target, "groups", False) and data.draw(st.sampled_from((False, False, False, True)),
+                                                               label="capped"):
+            cap = data.draw(st.integers(2 * BLOCK_SIZE, min(6 * BLOCK_SIZE, self.usable)), label="max_model_len")
+        self.longest = (cap or self.usable) - 1
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
-                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec))
+                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec, max_model_len=cap))
 
     max_tokens = SPEC_MAX_TOKENS
 
