@@ -210,6 +210,20 @@ def test_a_warm_job_gives_the_fresh_process_verdict_and_the_server_is_reused(tmp
     assert warm_client.started == 1 and len({r["pid"] for r in warm}) == 1  # one server, every job forked from it
 
 
+def test_a_warm_job_searches_as_a_fresh_process_does(warm_client):
+    """The warm server imports none of kvspec's checkers before the job: importing
+    kvspec.mc.search first made this check pass at 180 examples where a fresh process
+    finds I3 at example 62 (import order changes what the search draws)."""
+    from kvspec.campaign.matrix import Job
+    from kvspec.campaign.runner import run_job
+
+    job = Job("order", "check", {"target": "impl", "patch": "corpus:impl/partial_cached.diff", "seed": 1,
+                                 "max_examples": 150})
+    fresh, warm = run_job(job.to_dict(), 300, warm=False), run_job(job.to_dict(), 300, warm=True)
+    assert warm["runner"] == "warm" and fresh["verdict"] == "violation"
+    assert _by_id([warm]) == _by_id([fresh]) and warm["result"]["examples"] == fresh["result"]["examples"]
+
+
 def test_a_job_with_its_own_environment_is_a_fresh_process(tmp_path, warm_client):
     from kvspec.campaign.runner import run_job
     from kvspec.campaign.matrix import Job

@@ -13,7 +13,7 @@ time-to-failure figure; ``patches`` merges per-patch jobs into ``kvspec patches`
 own report; ``command`` ties them together.
 
 May import: errors, report, corpus (the patches report). Never imports the CLI, and
-never the checkers: every job runs in its own ``kvspec`` process. ``warm`` is the
-exception that proves it: run as a server process of its own, it imports the checkers
-to warm them up and runs each job as ``python -m kvspec`` (runpy) in a fork.
+never the checkers: every job runs in its own ``kvspec`` process (``warm``'s server,
+a process of its own, loads targets and runs each job as ``python -m kvspec``, runpy,
+in a fork).
 """

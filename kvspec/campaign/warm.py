@@ -7,9 +7,9 @@ A job that needs no environment of its own (no ``env``, no ``pythonpath``: every
 but a release tree) runs here instead:
 
 - the *server* (``python -m kvspec.campaign.warm``, started once by a Ray worker, see
-  ``WarmClient``) imports kvspec's checkers once, and each target's package the first
-  time a job names it (``load_target``, as ``kvspec patches`` does before it forks its
-  trials);
+  ``WarmClient``) loads each target's package the first time a job names it
+  (``load_target``, as ``kvspec patches`` does before it forks its trials), and nothing
+  else of kvspec's (see ``_warm``: import order changes a search);
 - each job is a ``fork`` of that warm server: the child runs ``python -m kvspec`` on
   the job's command line (``runpy``, as the interpreter's ``-m`` does), in the job's scratch directory, with stdout and stderr going
   to files. A job still gets a process of its own, so what it patches, the signal
@@ -61,10 +61,13 @@ _warm_targets: set[str] = set()
 
 
 def _warm(target: Optional[str]) -> None:
-    """Import once what every job needs, and the target's package the first time it is named."""
-    from kvspec.check import minimize, search  # noqa: F401
-    from kvspec.mc import search as mc_search  # noqa: F401
-
+    """Load the target's package the first time a job names it (torch for nano-vllm,
+    about 20 s for vLLM), as ``kvspec patches`` does before it forks its trials. Nothing
+    else: which kvspec modules are imported first changes what a search draws (measured:
+    importing kvspec.mc.search before ``kvspec check --target impl --patch
+    partial_cached.diff --seed 1 --max-examples 150`` makes it pass at 180 examples where a
+    fresh process finds I3 at example 62), so the job imports kvspec's own modules in its
+    own order, as a fresh process would."""
     if target and target not in _warm_targets:
         _warm_targets.add(target)
         try:
@@ -152,7 +155,6 @@ def serve() -> int:
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything a target prints while it loads goes to stderr, not into a reply
     stdin_fd = sys.stdin.fileno()
-    _warm(None)
     while True:
         line = sys.stdin.readline()
         if not line:
