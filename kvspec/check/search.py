@@ -2,6 +2,7 @@
 then cut each finding down and write it as a standalone pytest repro."""
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 import threading
@@ -255,7 +256,8 @@ class LevelSearch:
                                                                self.database)
         self.batch += 1
         try:
-            test()
+            with draws_independent_of_loaded_modules():
+                test()
         except InvariantViolation as e:
             return Finding("violation", self.level, e.config, e.steps, e.violations, len(e.steps))
         except Flaky as e:  # a failure that does not replay: still a finding
@@ -266,6 +268,33 @@ class LevelSearch:
                 raise
             return Finding("violation", self.level, cause.config, cause.steps, cause.violations, len(cause.steps))
         return None
+
+
+@contextlib.contextmanager
+def draws_independent_of_loaded_modules():
+    """Hypothesis (6.13x and later) mixes literal constants from every *local* module in
+    ``sys.modules`` (any file outside site-packages and the standard library: an editable
+    kvspec, the user's package, the test files) into its draws, and scans again whenever a
+    module is loaded. A seed's verdict would then depend on what happened to be imported
+    first: ``kvspec patches`` (which imports ``kvspec.mc``) and ``kvspec check`` drew
+    differently on the same seed, as did two pytest workers. kvspec's searches draw
+    without them; Hypothesis's own global constants stay. Hypothesis's private provider
+    module is patched for the duration only; where it has no such hook, nothing to do."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        get, constants_cls, cache = providers._get_local_constants, type(providers._local_constants), \
+            providers.CONSTANTS_CACHE
+    except (ImportError, AttributeError):
+        yield
+        return
+    empty = constants_cls()
+    providers._get_local_constants = lambda: empty
+    cache.cache.clear()   # allowed constants computed with the local ones
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.cache.clear()
 
 
 def _robustness_key(invariant: str, op: Op, reason: Optional[str]) -> tuple:
