@@ -8,7 +8,7 @@ through 0.9.0's real scheduler: two requests, drafts proposed, one accepted, the
 request preempted by the earlier one's growth, then re-admitted. The controls show what
 it needs: no accepted draft, no preemption (a bigger pool), or prefix caching off, and
 the same events pass. Then the search finds it too, with the engine machine's default
-draws (no monkeypatching), within 300 examples: 14 at seed 0, 9 at seed 1, 243 at seed 2.
+draws (no monkeypatching), within 300 examples at seed 0 (14; 181 at seed 1, 309 at seed 2).
 Its minimized repro is a file of engine events that replays the IndexError.
 
 The release tree comes from ``tools/vllm_releases.py`` (``fetch('0.9.0')`` and

@@ -24,7 +24,8 @@ preempts it, and its re-admission looks up its cached prefix):
 
 Measured on vLLM 0.9.0 (``kvspec check --target vllm --level engine --max-examples 300``):
 the old draws (spec decoding in one example of four, no runs) did not find #19459 within
-3,000 examples at seeds 0-2; these find it at 14, 9 and 243 examples (seeds 0, 1, 2).
+3,000 examples at seeds 0-2; these find it at 14, 181 and 309 examples (seeds 0, 1, 2; the
+last in the batch that crossed 300).
 Engines without speculative decoding (nano-vllm) keep ``EngineMachine``'s draws as they were.
 
 On the current manager API (vLLM >= 0.26) the machine also draws what a release can take
