@@ -358,7 +358,8 @@ class Session:
         try:
             expected = self.model.apply(op) if misuse is None else None
         finally:
-            self._model_pool().chooser = None
+            if self._follow:
+                self._model_pool().chooser = None
         if live is not None and (misuse is None) == (error is None):
             try:
                 delta = self.driver.observe_delta()

@@ -126,7 +126,8 @@ def nano_traits(manager_cls: type, seq_cls: type, api: str, make: Optional[Calla
       which never holds for block size 1 (nano-vllm's Config asks multiples of 256).
 
     Freed blocks go to the tail of ``free_block_ids`` (``append``), a request's tail first
-    (``reversed(seq.block_table)``): "lru_tail_first", the default order. Admission
+    (``reversed(seq.block_table)``): "lru_tail_first", the order kvspec's shipped declarations
+    keep; a fork that declares no order is checked under "any" (``policies.declared_traits``). Admission
     counting and eviction on free are policies a package declares; they are never probed."""
     fixed: dict[str, Any] = dict(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
                                  documented_noops=frozenset({"free_unknown_request"}), index_latest_wins=True,
