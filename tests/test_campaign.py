@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -249,6 +251,76 @@ def test_a_warm_job_past_its_limit_is_killed_with_its_workers_and_the_server_goe
     assert run_job(ok.to_dict(), 300, warm=True)["verdict"] == "pass" and warm_client.started == 1
 
 
+# -- the node server: one per node, several jobs at once over a Unix socket -----------------
+@pytest.fixture
+def node_server():
+    from kvspec.campaign.warm import NodeServer
+
+    s = NodeServer(dict(os.environ))
+    assert s.ready(), "the node server did not start listening"
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_the_node_server_runs_jobs_at_once_with_the_fresh_process_verdicts(tmp_path, node_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kvspec.campaign.runner import run_job
+
+    jobs = load_campaign(write(tmp_path, TINY)).jobs
+    with ThreadPoolExecutor(len(jobs)) as pool:  # every job's connection open at once
+        node = list(pool.map(lambda j: run_job(j.to_dict(), 300, True, node_server.path), jobs))
+    fresh = [run_job(j.to_dict(), 300, warm=False) for j in jobs]
+    assert [r["runner"] for r in node] == ["warm-node"] * len(jobs)
+    assert _by_id(node) == _by_id(fresh) and [r["exit_code"] for r in node] == [r["exit_code"] for r in fresh]
+    assert [sorted(r["repros"]) for r in node] == [sorted(r["repros"]) for r in fresh]
+    assert node_server.proc.poll() is None and _children(node_server.proc.pid) == []  # every job reaped
+
+
+def test_a_node_job_past_its_limit_or_left_by_its_client_is_killed_and_the_server_goes_on(node_server):
+    import socket
+    import tempfile
+
+    from kvspec.campaign.matrix import Job
+    from kvspec.campaign.runner import run_job
+
+    hung = Job("hung", "patches", {"target": "impl", "only": "popleft_loop", "seeds": 2, "timeout": 60})
+    r = run_job(hung.to_dict(), 3, True, node_server.path)
+    assert r["runner"] == "warm-node" and r["exit_code"] == 124 and "job killed after its 3 s job_timeout" in r["error"]
+    assert _children(node_server.proc.pid) == []
+    # a client that goes away (its Ray worker killed): the server kills that job
+    with tempfile.TemporaryDirectory() as cwd:
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(node_server.path)
+        c.sendall((json.dumps({"argv": ["patches", "--target", "impl", "--only", "popleft_loop", "--seeds", "1",
+                                        "--timeout", "60", "--jobs", "1", "--json"], "cwd": cwd, "timeout": 300,
+                               "target": "impl"}) + "\n").encode())
+        for _ in range(200):  # until the job runs
+            if _children(node_server.proc.pid):
+                break
+            time.sleep(0.05)
+        assert _children(node_server.proc.pid), "the job never started"
+        c.close()
+        for _ in range(200):
+            if not _children(node_server.proc.pid):
+                break
+            time.sleep(0.05)
+        assert _children(node_server.proc.pid) == []
+    ok = Job("ok", "check", {"target": "impl", "level": "pool", "seed": 0, "max_examples": 5})
+    assert run_job(ok.to_dict(), 300, True, node_server.path)["verdict"] == "pass"
+
+
+def test_without_its_node_server_a_job_runs_in_the_workers_own(warm_client, tmp_path):
+    from kvspec.campaign.matrix import Job
+    from kvspec.campaign.runner import run_job
+
+    ok = Job("ok", "check", {"target": "impl", "level": "pool", "seed": 0, "max_examples": 5})
+    r = run_job(ok.to_dict(), 300, True, str(tmp_path / "no-such-socket"))
+    assert r["runner"] == "warm" and r["verdict"] == "pass" and warm_client.started == 1
+
+
 def test_a_server_that_dies_is_replaced_for_the_next_job(warm_client):
     from kvspec.campaign.runner import run_job
     from kvspec.campaign.matrix import Job
@@ -292,7 +364,7 @@ def test_tiny_matrix_on_local_ray_equals_one_process_and_resumes(tmp_path, local
     jobs = load_campaign(f).jobs
     records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
     direct = run_serial(jobs, timeout=300)  # fresh python -m kvspec processes
-    assert {r["runner"] for r in records} == {"warm"}  # the Ray workers' warm servers ran them
+    assert {r["runner"] for r in records} == {"warm-node"}  # forked from the node server the driver started
     assert _by_id(records) == _by_id(direct)  # same verdicts and findings as one process, job by job
     assert {x["invariant"] for x in got["findings"]} == {"I4"}
     # the report: Markdown, JSON, JUnit (one testcase per job, a failure per violation), the figure
@@ -340,7 +412,8 @@ def test_a_local_campaign_runs_its_first_jobs_while_ray_starts(tmp_path):
     assert r.returncode == 1 and got["counts"] == {"pass": 1, "violation": 2, "fail": 0, "error": 0}, r.stderr[-3000:]
     jobs = load_campaign(f).jobs
     records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
-    assert records[0].get("ran_on") == "driver, while Ray started" and records[0]["runner"] == "warm"
+    assert records[0].get("ran_on") == "driver, while Ray started"
+    assert {r["runner"] for r in records} == {"warm-node"}  # the driver's and Ray's jobs: one server
     counts: dict[str, int] = {}
     for line in (results / "finished.log").read_text().splitlines():
         counts[line.split()[0]] = counts.get(line.split()[0], 0) + 1

@@ -183,5 +183,5 @@ def test_two_nodes_a_node_killed_mid_run_every_job_once_same_verdicts(tmp_path):
         return {r["id"]: (r["verdict"], sorted((f["invariant"], tuple(f["steps"])) for f in findings_of(r)))
                 for r in records}
     records = [json.loads((results / "jobs" / f"{j.id}.json").read_text()) for j in jobs]
-    assert {r["runner"] for r in records} == {"warm"}
+    assert {r["runner"] for r in records} <= {"warm", "warm-node"}  # the worker node's own servers, the head's node server
     assert verdicts(records) == verdicts(run_serial(jobs, timeout=300))  # fresh processes, one at a time

@@ -4,8 +4,10 @@ Ray is imported here, lazily, and only by ``kvspec campaign``: importing it take
 seconds, which no other command should pay. Each job is one Ray task of one CPU; a
 task whose node or worker process dies is run again by Ray itself (``max_retries``,
 system failures only: a job that ran and gave an error is an answer, not retried).
-While a local Ray instance starts, this process runs the first jobs itself
-(``_WhileRayStarts``).
+Before Ray, this process starts its node's warm server (``kvspec.campaign.warm``):
+every job of this node is forked from it, so a target is imported once per node, not
+once per Ray worker. While a local Ray instance starts, this process runs the first
+jobs itself (``_WhileRayStarts``).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import time
 from typing import Callable, Optional, Sequence
 
 from kvspec.campaign.matrix import Job
+from kvspec.campaign.runner import warm_eligible
+from kvspec.campaign.warm import NodeServer
 from kvspec.errors import UsageError
 
 INSTALL_HINT = "pip install 'ray==2.60.0' (or pip install -e '.[test]' in a checkout)"
@@ -31,11 +35,17 @@ def require_ray() -> None:
         raise UsageError(f"kvspec campaign needs Ray, which is not installed: {INSTALL_HINT}")
 
 
-def _run_remote(job_d: dict, timeout: float, warm: bool = True) -> dict:
-    # Ray reuses a worker process from task to task: the warm server it starts with its
-    # first job (kvspec.campaign.warm) serves the next ones
+def _run_remote(job_d: dict, timeout: float, warm: bool = True, node: Optional[tuple[str, str]] = None) -> dict:
+    # ``node``: (the driver's node id, its node server's socket). A task on that node forks
+    # its job from there; elsewhere, Ray reuses a worker process from task to task, and
+    # the warm server it starts with its first job (kvspec.campaign.warm) serves the next ones
     from kvspec.campaign.runner import run_job
-    return run_job(job_d, timeout, warm)
+    server = None
+    if node is not None:
+        import ray
+        with contextlib.suppress(Exception):
+            server = node[1] if ray.get_runtime_context().get_node_id() == node[0] else None
+    return run_job(job_d, timeout, warm, server)
 
 
 def _lost(job: Job, error: BaseException, retries: int) -> dict:
@@ -113,10 +123,11 @@ class _WhileRayStarts:
     then is done, Ray gets one job fewer than its CPUs. Only for a local instance: on a
     cluster, connecting is quick and the driver may be no place for jobs."""
 
-    def __init__(self, jobs: Sequence[Job], timeout: float, warm: bool, on_done: Callable[[dict], None]) -> None:
+    def __init__(self, jobs: Sequence[Job], timeout: float, warm: bool, on_done: Callable[[dict], None],
+                 node_server: Optional[str] = None) -> None:
         self.queue = list(jobs)
         self.lock = threading.Lock()
-        self.timeout, self.warm, self.on_done = timeout, warm, on_done
+        self.timeout, self.warm, self.on_done, self.node_server = timeout, warm, on_done, node_server
         self.ran = 0
         self.thread = threading.Thread(target=self._run, name="kvspec-while-ray-starts", daemon=True)
         self.thread.start()
@@ -128,7 +139,7 @@ class _WhileRayStarts:
                 if not self.queue:
                     return
                 job = self.queue.pop(0)
-            record = run_job(job.to_dict(), self.timeout, self.warm)
+            record = run_job(job.to_dict(), self.timeout, self.warm, self.node_server)
             record["ran_on"] = "driver, while Ray started"
             self.ran += 1
             self.on_done(record)
@@ -158,10 +169,16 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
         with done_lock:
             on_done(record, running, slots)
 
-    early = None
+    early = server = None
+    if warm and any(warm_eligible(j) for j in jobs):
+        # the node server: one import of each target for every job of this node, while Ray starts
+        server = NodeServer({k: v for k, v in os.environ.items() if k != "KVSPEC_DEBUG"})
+        if not server.ready():
+            server.close()
+            server = None  # each Ray worker then starts a server of its own, as on other nodes
     ours = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # else a caller's Ray is up already
     if address is None and ours and jobs:
-        early = _WhileRayStarts(jobs, timeout, warm, lambda r: done(r, 1))
+        early = _WhileRayStarts(jobs, timeout, warm, lambda r: done(r, 1), server and server.path)
         if on_start:
             on_start(1, 1)
     try:
@@ -169,9 +186,15 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
     except BaseException:
         if early:
             early.rest()
+        if server:
+            server.close()
         raise
     try:
         queue = early.rest() if early else list(jobs)
+        node = None
+        if server:
+            with contextlib.suppress(Exception):  # a driver that is no node of the cluster: no sharing
+                node = (ray.get_runtime_context().get_node_id(), server.path)
         task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(_run_remote)
         refs: dict = {}
         pending: list = []
@@ -185,7 +208,7 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
             driver_busy = early is not None and early.thread.is_alive()
             room = max(0, slots - 1 - len(pending)) if driver_busy else len(queue)
             for job in queue[:room]:
-                ref = task.remote(job.to_dict(), timeout, warm)
+                ref = task.remote(job.to_dict(), timeout, warm, node)
                 refs[ref] = job
                 pending.append(ref)
             del queue[:room]
@@ -210,3 +233,5 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
             t0 = time.monotonic()
             ray.shutdown()
             logging.getLogger(__name__).debug("ray.shutdown took %.1f s", time.monotonic() - t0)
+        if server:
+            server.close()

@@ -116,9 +116,11 @@ def _subprocess(cmd: list[str], job: Job, scratch: str, timeout: float) -> tuple
             return 124, "", (err or "") + f"\nkvspec campaign: job killed after its {timeout:g} s job_timeout"
 
 
-def run_job(job_d: dict, timeout: float = 3600.0, warm: bool = True) -> dict[str, Any]:
+def run_job(job_d: dict, timeout: float = 3600.0, warm: bool = True,
+            node_server: Optional[str] = None) -> dict[str, Any]:
     """Run the job ``job_d`` (``Job.to_dict()``) here and return its result record;
-    ``warm``: in this process's warm server when the job allows it (``warm_eligible``)."""
+    ``warm``: forked from a warm server when the job allows it (``warm_eligible``): the
+    node's (``node_server``, its socket) where there is one, else this process's own."""
     job = Job.from_dict(job_d)
     t0 = time.time()
     how = "warm" if warm and warm_eligible(job) else "process"
@@ -126,8 +128,14 @@ def run_job(job_d: dict, timeout: float = 3600.0, warm: bool = True) -> dict[str
         reports = Path(scratch) / "reports"
         cmd = command_line(job, str(reports))
         if how == "warm":
-            from kvspec.campaign.warm import client
-            code, out, err = client(_env(job)).run(cmd[3:], scratch, timeout, job.options.get("target"))
+            from kvspec.campaign.warm import client, run_on_node
+            target = job.options.get("target")
+            got = run_on_node(node_server, cmd[3:], scratch, timeout, target) if node_server else None
+            if got is None:
+                got = client(_env(job)).run(cmd[3:], scratch, timeout, target)
+            else:
+                how = "warm-node"
+            code, out, err = got
         else:
             code, out, err = _subprocess(cmd, job, scratch, timeout)
         result = _json_line(out)

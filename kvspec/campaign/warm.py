@@ -1,4 +1,4 @@
-"""Warm jobs: a long-lived ``kvspec`` process per Ray worker that forks one child per job.
+"""Warm jobs: a long-lived ``kvspec`` process that forks one child per job.
 
 A fresh ``python -m kvspec`` per job pays the interpreter, kvspec's imports and the
 target's package (torch for nano-vllm, about 20 s for vLLM) every time; on a small
@@ -6,8 +6,7 @@ machine that made a corpus campaign 1.25-1.34x slower than ``kvspec patches --jo
 A job that needs no environment of its own (no ``env``, no ``pythonpath``: everything
 but a release tree) runs here instead:
 
-- the *server* (``python -m kvspec.campaign.warm``, started once by a Ray worker, see
-  ``WarmClient``) loads each target's package the first time a job names it
+- the *server* loads each target's package the first time a job names it
   (``load_target``, as ``kvspec patches`` does before it forks its trials), and nothing
   else of kvspec's (see ``_warm``: import order changes a search);
 - each job is a ``fork`` of that warm server: the child runs ``python -m kvspec`` on
@@ -22,7 +21,20 @@ but a release tree) runs here instead:
   killed), the pipe closes and the server kills its running job and exits; on Linux it
   and its job also get SIGKILL from the kernel when their parent dies (PR_SET_PDEATHSIG).
 
-Only the server forks, never the Ray worker (a process with Ray's threads), and the
+Two kinds of server, the same jobs:
+
+- the *node server* (``NodeServer``, ``python -m kvspec.campaign.warm --listen SOCKET``):
+  the driver starts one before Ray, on its own node, and every job of that node goes to
+  it over a Unix socket, several at a time (``run_on_node``): its driver's early jobs
+  and all its Ray workers'. One import of the target per node, as ``kvspec patches
+  --jobs N`` pays one per run, and it overlaps Ray's start. A client that goes away
+  (its Ray worker killed) closes its connection: the server kills that job. The server
+  exits when the driver closes its stdin (or dies: PR_SET_PDEATHSIG).
+- the *worker server* (``WarmClient``, ``python -m kvspec.campaign.warm``): on the other
+  nodes of a cluster, each Ray worker starts one on its first job and keeps it, one job at
+  a time over a pipe.
+
+Only a server forks, never the Ray worker or the driver (processes with threads), and a
 server starts no threads. Protocol: one JSON line per request
 ``{"argv", "cwd", "timeout", "target"}`` on stdin, one JSON line ``{"exit_code",
 "timed_out"}`` per reply on the server's own copy of stdout (its fd 1 goes to stderr,
@@ -36,6 +48,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -90,12 +103,16 @@ def _run_main(argv: list[str]) -> int:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
 
-def _job_child(req: dict, out_fd: int) -> None:
+def _job_child(req: dict, server_fds: list[int]) -> None:
     code = 70  # EX_SOFTWARE: the child could not even start the command
     try:
         os.setpgid(0, 0)
         _die_with_parent()
-        os.close(out_fd)
+        for fd in server_fds:  # the server's replies, socket and connections are not the job's
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
@@ -167,11 +184,146 @@ def serve() -> int:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _job_child(req, reply.fileno())
+            _job_child(req, [reply.fileno()])
         code, timed_out, gone = _wait(pid, float(req["timeout"]), stdin_fd)
         if gone:
             return 0
         reply.write(json.dumps({"exit_code": code, "timed_out": timed_out}) + "\n")
+
+
+def _reply(conn: socket.socket, code: Optional[int], timed_out: bool) -> None:
+    try:
+        conn.sendall((json.dumps({"exit_code": code, "timed_out": timed_out}) + "\n").encode())
+    except OSError:
+        pass
+    conn.close()
+
+
+def serve_node(path: str) -> int:
+    """The node server's loop: jobs from any number of clients at once, each a request
+    line on a connection of its own and a reply line when its job is done."""
+    _die_with_parent()
+    os.dup2(2, 1)  # anything a target prints while it loads goes to stderr
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    owner = sys.stdin.fileno()  # the driver writes nothing: readable is its EOF
+    reading: dict[socket.socket, bytes] = {}          # connections whose request is not complete yet
+    running: dict[int, tuple[socket.socket, float]] = {}  # job pid -> (its connection, deadline)
+    try:
+        while True:
+            busy = [c for c, _ in running.values()]
+            ready = select.select([owner, listener, *reading, *busy], [], [], POLL_S)[0]
+            if owner in ready:
+                return 0
+            for s in ready:
+                if s is listener:
+                    conn, _ = listener.accept()
+                    reading[conn] = b""
+                elif s in reading:
+                    data = s.recv(65536)
+                    buf = reading.pop(s) + data
+                    if not data:
+                        s.close()
+                    elif b"\n" not in buf:
+                        reading[s] = buf
+                    else:
+                        req = json.loads(buf.split(b"\n", 1)[0])
+                        _warm(req.get("target"))
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        pid = os.fork()
+                        if pid == 0:
+                            fds = [listener.fileno(), s.fileno(), *(c.fileno() for c in reading),
+                                   *(c.fileno() for c in busy)]
+                            _job_child(req, fds)
+                        running[pid] = (s, time.monotonic() + float(req["timeout"]))
+                elif s.recv(1) == b"":  # a running job's client went away (its Ray worker died)
+                    pid = next(p for p, (c, _) in running.items() if c is s)
+                    _kill_group(pid)
+                    os.waitpid(pid, 0)
+                    del running[pid]
+                    s.close()
+            for pid, (conn, deadline) in list(running.items()):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    _kill_group(pid)  # its trial workers, if it died without reaping them
+                    del running[pid]
+                    _reply(conn, os.waitstatus_to_exitcode(status), False)
+                elif time.monotonic() > deadline:
+                    _kill_group(pid)
+                    os.waitpid(pid, 0)
+                    del running[pid]
+                    _reply(conn, 124, True)
+    finally:
+        for pid in running:
+            _kill_group(pid)
+        listener.close()
+
+
+class NodeServer:
+    """The driver's end of its node's server: started before Ray, stopped after it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.home = tempfile.mkdtemp(prefix="kvw-")  # short: a Unix socket path has ~100 characters
+        self.path = os.path.join(self.home, "s")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kvspec.campaign.warm", "--listen", self.path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     cwd=self.home, env=env)
+
+    def ready(self, seconds: float = 30.0) -> bool:
+        """Whether it listens (it imports nothing before it binds: well under a second)."""
+        end = time.monotonic() + seconds
+        while not os.path.exists(self.path):
+            if self.proc.poll() is not None or time.monotonic() > end:
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:  # EOF: the server kills what still runs and exits
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def run_on_node(path: str, argv: list[str], cwd: str, timeout: float,
+                target: Optional[str]) -> Optional[tuple[Optional[int], str, str]]:
+    """``WarmClient.run``'s answer from the node server at ``path``; None when there is no
+    server to take the job (not started, gone): the caller runs it another way."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        s.sendall((json.dumps({"argv": argv, "cwd": cwd, "timeout": timeout, "target": target}) + "\n").encode())
+    except OSError:
+        s.close()
+        return None
+    buf, note = b"", ""
+    try:
+        s.settimeout(timeout + GRACE_S)
+        while b"\n" not in buf:
+            data = s.recv(4096)
+            if not data:
+                break
+            buf += data
+    except OSError:  # no answer in time: closing the connection makes the server kill the job
+        note = f"\nkvspec campaign: the node's warm server gave no answer {timeout + GRACE_S:g} s into a " \
+               f"{timeout:g} s job"
+    finally:
+        s.close()
+    if b"\n" in buf:
+        got = json.loads(buf.split(b"\n", 1)[0])
+        code = got["exit_code"]
+        if got.get("timed_out"):
+            note = f"\nkvspec campaign: job killed after its {timeout:g} s job_timeout"
+    else:
+        code = None
+        note = note or "\nkvspec campaign: the node's warm server closed the job's connection without an answer"
+    return code, _read(Path(cwd) / ".job.stdout"), _read(Path(cwd) / ".job.stderr") + note
 
 
 # -- the client, in a Ray worker ---------------------------------------------------------
@@ -255,4 +407,4 @@ def client(env: dict[str, str]) -> WarmClient:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve_node(sys.argv[2]) if sys.argv[1:2] == ["--listen"] else serve())
