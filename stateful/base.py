@@ -3,6 +3,7 @@ Hypothesis can shrink without sliding from one invariant to another, and the
 bookkeeping for robustness findings on targets that document no misuse defence."""
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 from hypothesis.stateful import RuleBasedStateMachine
@@ -39,6 +40,25 @@ def violation_error(invariant: str) -> type:
     if invariant not in _ERRORS:
         _ERRORS[invariant] = type(f"{invariant}Violation", (InvariantViolation,), {})
     return _ERRORS[invariant]
+
+
+# A directory part of a path inside a target's name: everything up to the last slash of
+# a run without spaces, ':' (FILE.py:NAME) or '+' (impl+PATCH).
+_DIRECTORIES = re.compile(r"[^\s:+]*[/\\]")
+
+
+def machine_class_name(kind: str, target: Target) -> str:
+    """The name of a machine class bound to ``target``: ``kind`` and the target's name
+    with every directory dropped (``CacheMachine_impl+policy_fifo.diff``).
+
+    Hypothesis cannot read the source of a class built at run time, so it digests the
+    class's name instead, and that digest seeds a derandomized run (``derandomize=True``,
+    the ``ci`` profile) and keys the example database. A name carrying a path
+    (``impl+/home/me/kvspec/corpus/impl/x.diff``, ``/abs/bm.py:BlockManager``) drew
+    other examples in another checkout, or for another spelling of the same file: the
+    same test passed here and failed on a fresh clone. The file names stay, so two
+    different patches or files still draw apart."""
+    return f"{kind}_{_DIRECTORIES.sub('', target.name)}"
 
 
 # (violations, steps, config) for a misuse the target has no documented defence for.

@@ -17,7 +17,7 @@ from kvspec.spec.config import Config
 from kvspec.spec.ops import Admit, Finish, Prefill, Preempt, Step, Verify
 from kvspec.targets.base import Target
 
-from kvspec.stateful.base import KVMachine, RobustnessSink
+from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 
 MAX_LIVE = 4   # requests alive at once
 NUM_CHUNKS = 3
@@ -225,4 +225,4 @@ def cache_machine(target: Target, misuse: bool = False, on_robustness: Optional[
         attrs["sizes"] = sizes
     base = FeatureCacheMachine if getattr(target.traits, "cache_features", False) else CacheMachine
     bases = (SchedulerMisuse, base) if misuse else (base,)
-    return type(f"CacheMachine_{target.name}", bases, attrs)
+    return type(machine_class_name("CacheMachine", target), bases, attrs)

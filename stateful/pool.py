@@ -11,7 +11,7 @@ from kvspec.spec.config import Config
 from kvspec.spec.ops import Alloc, Cache, CachePartial, Free, FreeForeign, Lookup, Reset, Touch
 from kvspec.targets.base import Target
 
-from kvspec.stateful.base import KVMachine, RobustnessSink
+from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 
 LABELS = ("a", "b", "c", "d", "e")  # few labels, so equal hashes on different blocks happen
 
@@ -111,4 +111,4 @@ def pool_machine(target: Target, misuse: bool = False, on_robustness: Optional[R
                  counters={"examples": 0, "steps": 0})
     if sizes is not None:
         attrs["sizes"] = sizes
-    return type(f"PoolMachine_{target.name}", (PoolMachine,), attrs)
+    return type(machine_class_name("PoolMachine", target), (PoolMachine,), attrs)

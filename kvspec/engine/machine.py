@@ -43,7 +43,7 @@ from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Abort, Arrive, EngineStep
-from kvspec.stateful.base import KVMachine, RobustnessSink
+from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 from kvspec.targets.base import Target
 
 BLOCK_SIZE = 4
@@ -183,4 +183,4 @@ def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional
     attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
                  counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
     base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
-    return type(f"EngineMachine_{target.name}", (base,), attrs)
+    return type(machine_class_name("EngineMachine", target), (base,), attrs)
