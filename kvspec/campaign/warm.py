@@ -15,30 +15,25 @@ but a release tree) runs here instead:
   handlers it installs and the modules it loads never reach the next job: its verdict
   is the one the subprocess path gives.
 - the time limit: the child leads a process group of its own (``kvspec patches``
-  forks its trials under it); past its limit the server kills the whole group. If the
-  server itself stops answering, the client kills it and the next job starts a new
-  one. The server reads its requests from a pipe: when the Ray worker dies (a node
-  killed), the pipe closes and the server kills its running job and exits; on Linux it
-  and its job also get SIGKILL from the kernel when their parent dies (PR_SET_PDEATHSIG).
+  forks its trials under it); past its limit the server kills the whole group.
 
-Two kinds of server, the same jobs:
+One server (``serve_node``, ``python -m kvspec.campaign.warm --listen SOCKET``) takes jobs
+over a Unix socket, several at a time, one connection per job: a request line
+``{"argv", "cwd", "timeout", "target"}``, a reply line ``{"exit_code", "timed_out"}``
+when the job is done (``run_on_node``). A client that goes away (its Ray worker killed)
+closes its connection, and the server kills that job. Who starts one:
 
-- the *node server* (``NodeServer``, ``python -m kvspec.campaign.warm --listen SOCKET``):
-  the driver starts one before Ray, on its own node, and every job of that node goes to
-  it over a Unix socket, several at a time (``run_on_node``): its driver's early jobs
-  and all its Ray workers'. One import of the target per node, as ``kvspec patches
-  --jobs N`` pays one per run, and it overlaps Ray's start. A client that goes away
-  (its Ray worker killed) closes its connection: the server kills that job. The server
-  exits when the driver closes its stdin (or dies: PR_SET_PDEATHSIG).
-- the *worker server* (``WarmClient``, ``python -m kvspec.campaign.warm``): on the other
-  nodes of a cluster, each Ray worker starts one on its first job and keeps it, one job at
-  a time over a pipe.
+- the driver, before Ray, on its own node (``NodeServer``): every job of that node, its
+  early ones and all its Ray workers', is forked from it. One import of the target per
+  node, as ``kvspec patches --jobs N`` pays one per run, and it overlaps Ray's start.
+- on the other nodes of a cluster, each Ray worker, on its first job (``WarmClient``),
+  and keeps it; one that died or stopped answering is replaced for the next job.
 
-Only a server forks, never the Ray worker or the driver (processes with threads), and a
-server starts no threads. Protocol: one JSON line per request
-``{"argv", "cwd", "timeout", "target"}`` on stdin, one JSON line ``{"exit_code",
-"timed_out"}`` per reply on the server's own copy of stdout (its fd 1 goes to stderr,
-so that a target that prints while it loads cannot break a reply).
+A server exits when its owner closes its stdin; on Linux it and its jobs also get
+SIGKILL from the kernel when their parent dies (PR_SET_PDEATHSIG). Only a server forks,
+never a Ray worker or the driver (processes with threads), and a server starts no
+threads; its fd 1 goes to stderr, so a target that prints while it loads writes nowhere
+a reply could be.
 """
 from __future__ import annotations
 
@@ -148,47 +143,6 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _wait(pid: int, limit: float, stdin_fd: int) -> tuple[Optional[int], bool, bool]:
-    """(exit code, timed out, the client went away) for the job child ``pid``."""
-    deadline = time.monotonic() + limit
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            _kill_group(pid)  # its trial workers, if it died without reaping them
-            return os.waitstatus_to_exitcode(status), False, False
-        # the client writes one request and waits for its reply: stdin readable now is its EOF
-        gone = bool(select.select([stdin_fd], [], [], POLL_S)[0])
-        if gone or time.monotonic() > deadline:
-            _kill_group(pid)
-            os.waitpid(pid, 0)
-            return (None if gone else 124), not gone, gone
-
-
-def serve() -> int:
-    """The server's loop: one request line in, one reply line out, until stdin closes."""
-    _die_with_parent()
-    reply = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything a target prints while it loads goes to stderr, not into a reply
-    stdin_fd = sys.stdin.fileno()
-    while True:
-        line = sys.stdin.readline()
-        if not line:
-            return 0
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        _warm(req.get("target"))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _job_child(req, [reply.fileno()])
-        code, timed_out, gone = _wait(pid, float(req["timeout"]), stdin_fd)
-        if gone:
-            return 0
-        reply.write(json.dumps({"exit_code": code, "timed_out": timed_out}) + "\n")
 
 
 def _reply(conn: socket.socket, code: Optional[int], timed_out: bool) -> None:
@@ -328,63 +282,40 @@ def run_on_node(path: str, argv: list[str], cwd: str, timeout: float,
 
 # -- the client, in a Ray worker ---------------------------------------------------------
 class WarmClient:
-    """The Ray worker's end: starts the server on first use, hands it one job at a time."""
+    """A Ray worker's own server, where its node has none of the driver's: the same
+    server (``NodeServer``), started on the worker's first job and kept from task to task;
+    one that died or stopped answering is replaced for the next job."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
-        self.proc: Optional[subprocess.Popen] = None
-        self.home = tempfile.mkdtemp(prefix="kvspec-campaign-warm-")  # its cwd: no checkout's kvspec/ to shadow
+        self.server: Optional[NodeServer] = None
         self.started = 0
 
-    def _start(self) -> subprocess.Popen:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "kvspec.campaign.warm"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=self.home,
-                                         env=self.env, text=True, bufsize=1)
-            self.started += 1
-        return self.proc
+    @property
+    def proc(self) -> Optional[subprocess.Popen]:
+        return self.server.proc if self.server is not None else None
 
     def stop(self) -> None:
-        """Stop the server, and the job it runs with it."""
-        if self.proc is not None and self.proc.poll() is None:
-            try:  # EOF first: the server kills its job's whole process group and exits
-                self.proc.stdin.close()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        """Stop the server, and the jobs it runs with it."""
+        if self.server is not None:
+            self.server.close()
+        self.server = None
 
-    def close(self) -> None:
-        self.stop()
-        shutil.rmtree(self.home, ignore_errors=True)
+    close = stop
 
     def run(self, argv: list[str], cwd: str, timeout: float, target: Optional[str]) -> tuple[int | None, str, str]:
         """(exit code, stdout, stderr) of ``kvspec ARGV`` run in ``cwd``; 124 past ``timeout``."""
-        proc = self._start()
-        note = ""
-        try:
-            proc.stdin.write(json.dumps({"argv": argv, "cwd": cwd, "timeout": timeout, "target": target}) + "\n")
-            proc.stdin.flush()
-            ready = select.select([proc.stdout], [], [], timeout + GRACE_S)[0]
-            line = proc.stdout.readline() if ready else ""
-        except (OSError, ValueError):
-            line = ""
-        if line:
-            got = json.loads(line)
-            code = got["exit_code"]
-            if got.get("timed_out"):
-                note = f"\nkvspec campaign: job killed after its {timeout:g} s job_timeout"
-        else:  # the server died or hung: a new one for the next job
-            died = proc.poll()
+        if self.server is None or self.server.proc.poll() is not None:
             self.stop()
-            code = None if died is not None else 124
-            note = (f"\nkvspec campaign: the warm worker exited (code {died}) without an answer" if died is not None
-                    else f"\nkvspec campaign: the warm worker gave no answer {timeout + GRACE_S:g} s into a "
-                         f"{timeout:g} s job; killed")
-        out = _read(Path(cwd) / ".job.stdout")
-        err = _read(Path(cwd) / ".job.stderr") + note
-        return code, out, err
+            self.server = NodeServer(self.env)
+            self.started += 1
+        got = run_on_node(self.server.path, argv, cwd, timeout, target) if self.server.ready() else None
+        if got is None or got[0] is None:  # no server to reach, or no answer: a new one for the next job
+            died = self.server.proc.poll()
+            self.stop()
+            if got is None:
+                return None, "", f"kvspec campaign: the warm worker exited (code {died}) before it took the job"
+        return got
 
 
 def _read(p: Path) -> str:
@@ -407,4 +338,4 @@ def client(env: dict[str, str]) -> WarmClient:
 
 
 if __name__ == "__main__":
-    sys.exit(serve_node(sys.argv[2]) if sys.argv[1:2] == ["--listen"] else serve())
+    sys.exit(serve_node(sys.argv[2]))
