@@ -7,7 +7,9 @@
 #   benchmarks/run_patches.sh                       # impl, vllm, nanovllm: 10 seeds, 60 s (the committed report)
 #   TARGETS=impl SEEDS=2 TIMEOUT=20 benchmarks/run_patches.sh   # a CI-sized run
 #   CAMPAIGN=1 benchmarks/run_patches.sh            # the same matrix through `kvspec campaign` (PER_JOB=N patches
-#                                                   # per Ray task, default 1: one task per patch, each forked from
+#                                                   # per Ray task, default 1: one task per patch, a slow patch's
+#                                                   # seeds one task each; SEEDS_PER_JOB=N: every patch's seeds in
+#                                                   # tasks of N instead; each task forked from
 #                                                   # its Ray worker's warm kvspec process; CAMPAIGN_WARM=false: a
 #                                                   # fresh process per task; RAY_ADDRESS=HEAD:6379 for a cluster;
 #                                                   # resumable from RESULTS, default kvspec-campaign/run-patches),
@@ -30,10 +32,11 @@ if [ "${CAMPAIGN:-0}" != 0 ]; then
   RESULTS="${RESULTS:-kvspec-campaign/run-patches}"
   mkdir -p "$RESULTS"
   toml="$RESULTS/run_patches.toml"
+  if [ -n "${SEEDS_PER_JOB:-}" ]; then split="seeds_per_job = $SEEDS_PER_JOB"; else split="per_job = ${PER_JOB:-1}"; fi
   { printf '[campaign]\nname = "run-patches"\npatches_report = "%s"\nwarm = %s\n' "$REPORT_DIR" "${CAMPAIGN_WARM:-true}"
     for target in $TARGETS; do
-      printf '\n[[matrix]]\ncommand = "patches"\ntarget = "%s"\nonly = "each"\nper_job = %s\nseeds = %s\ntimeout = %s\n' \
-        "$target" "${PER_JOB:-1}" "$SEEDS" "$TIMEOUT"
+      printf '\n[[matrix]]\ncommand = "patches"\ntarget = "%s"\nonly = "each"\n%s\nseeds = %s\ntimeout = %s\n' \
+        "$target" "$split" "$SEEDS" "$TIMEOUT"
     done; } > "$toml"
   start=$(date +%s)
   set +e

@@ -114,18 +114,84 @@ def test_only_each_makes_one_job_per_patch(tmp_path):
     assert sorted(j.options["only"] for j in load_campaign(f).jobs) == sorted(b["id"] for b in corpus)
 
 
+def _corpus(target: str) -> list[dict]:
+    return json.loads((Path(__file__).resolve().parents[1] / f"kvspec/corpus/{target}/bugs.json").read_text())
+
+
+def _slow(target: str) -> set[str]:
+    return {b["id"] for b in _corpus(target) if b.get("kind") == "equivalent" or b.get("engine") == "diff"}
+
+
+def _trials(jobs) -> list[tuple[str, int]]:
+    """(patch, seed) of every trial the jobs run, as kvspec patches reads --only/--first-seed/--seeds."""
+    return sorted((i, j.options.get("first_seed", 0) + k) for j in jobs for i in j.options["only"].split(",")
+                  for k in range(j.options["seeds"]))
+
+
 def test_per_job_groups_the_patches_and_keeps_every_one_once(tmp_path):
     f = write(tmp_path, '[[matrix]]\ncommand = "patches"\ntarget = "impl"\nonly = "each"\nper_job = 4\nseeds = 1\n'
                         'timeout = 5\n')
-    corpus = json.loads((Path(__file__).resolve().parents[1] / "kvspec/corpus/impl/bugs.json").read_text())
+    corpus, slow = _corpus("impl"), _slow("impl")
+    assert slow, "the impl corpus has no slow patch: this test no longer tests the split"
     groups = [j.options["only"].split(",") for j in load_campaign(f).jobs]
-    assert len(groups) == -(-len(corpus) // 4) and all(len(g) <= 4 for g in groups)
+    assert len(groups) == len(slow) + -(-(len(corpus) - len(slow)) // 4) and all(len(g) <= 4 for g in groups)
     assert sorted(i for g in groups for i in g) == sorted(b["id"] for b in corpus)
+
+
+@pytest.mark.parametrize("target", ["impl", "nanovllm"])
+def test_a_slow_patch_is_a_job_per_seed_and_every_trial_runs_once(tmp_path, target):
+    """An equivalent mutant runs every seed to the timeout: as one job it would bound the
+    campaign's wall time, so its seeds are jobs of their own; the quick patches keep one
+    job for all seeds. The slow ones queue first."""
+    f = write(tmp_path, f'[[matrix]]\ncommand = "patches"\ntarget = "{target}"\nonly = "each"\nseeds = 4\n'
+                        'timeout = 5\n')
+    jobs, slow = load_campaign(f).jobs, _slow(target)
+    assert _trials(jobs) == sorted((b["id"], k) for b in _corpus(target) for k in range(4))
+    for j in jobs:
+        assert j.options["seeds"] == (1 if j.options["only"] in slow else 4)
+        assert j.argv()[j.argv().index("--seeds") + 1] == str(j.options["seeds"])
+    assert {j.options["only"] for j in jobs[:4 * len(slow)]} == slow
+    assert len({j.id for j in jobs}) == len(jobs)
+
+
+def test_seeds_per_job_splits_every_patch_in_ranges(tmp_path):
+    f = write(tmp_path, '[[matrix]]\ncommand = "patches"\ntarget = "nanovllm"\nonly = "each"\nseeds = 7\n'
+                        'seeds_per_job = 3\ntimeout = 5\n')
+    jobs = load_campaign(f).jobs
+    assert _trials(jobs) == sorted((b["id"], k) for b in _corpus("nanovllm") for k in range(7))
+    assert {(j.options.get("first_seed", 0), j.options["seeds"]) for j in jobs} == {(0, 3), (3, 3), (6, 1)}
+
+
+def test_a_patch_split_by_seed_merges_into_the_report_of_one_run(tmp_path):
+    """Two seed ranges of a patch as two jobs give the trials, seeds count and verdict of
+    one kvspec patches run over both seeds (fresh processes; the patch is found at once)."""
+    from kvspec.campaign.matrix import Job
+    from kvspec.campaign.patches import merged
+    from kvspec.campaign.runner import run_serial
+
+    base = {"target": "nanovllm", "only": "hit_no_ref", "timeout": 30}
+    parts = run_serial([Job("a", "patches", {**base, "seeds": 1}),
+                        Job("b", "patches", {**base, "seeds": 1, "first_seed": 1})], timeout=300)
+    whole = run_serial([Job("w", "patches", {**base, "seeds": 2})], timeout=300)
+    assert all(r["verdict"] == "pass" for r in parts + whole), [r.get("error") for r in parts + whole]
+    assert [t["seed"] for t in parts[1]["result"]["trials"]] == [1]
+    got, want = merged(parts, "c", 2, 1.0), merged(whole, "c", 2, 1.0)
+    assert len(got) == len(want) == 1
+
+    def shape(res):
+        return (res["seeds"], res["verdict"], res["section"],
+                [(t["id"], t["seed"], t["killed"], t.get("invariant")) for t in res["trials"]])
+    assert shape(got[0]) == shape(want[0]) and got[0]["seeds"] == 2
 
 
 @pytest.mark.parametrize("text, says", [
     ("[[matrix]]\ncommand = 'patches'\nper_job = 2\n", "per_job goes with only"),
     ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nper_job = 0\n", "per_job must be"),
+    ("[[matrix]]\ncommand = 'patches'\nseeds_per_job = 2\n", "seeds_per_job goes with only"),
+    ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nseeds_per_job = 0\n", "seeds_per_job must be"),
+    ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nseeds_per_job = 2\nper_job = 2\n", "do not go together"),
+    ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nfirst_seed = 2\n", "first_seed does not go"),
+    ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nseeds = 0\n", "seeds must be"),
     ("not = [toml", "not valid TOML"),
     ("[campaign]\nname = 'x'\n", "no [[matrix]]"),
     ("[[matrix]]\ncommand = 'fuzz'\n", "command must be one of"),

@@ -27,7 +27,13 @@ deterministic (``max_examples`` or ``derandomize``) unless it names a ``budget``
 a campaign's verdicts must not depend on how many nodes ran it. For ``patches``,
 ``only = "each"`` makes one job per patch of the target's corpus; with ``per_job = N``, one
 job per N patches (dealt round-robin from the long-first order, so groups take about as
-long): one process start per group instead of per patch, for small machines.
+long): one process start per group instead of per patch, for small machines. A patch
+that runs every seed to the timeout (an equivalent mutant, a bug only kvspec diff finds)
+is one job per seed (``--first-seed K --seeds 1``): as one job it would be the longest
+job of the matrix by far and bound the campaign's wall time (measured: 620 s of a
+nano-vllm run whose other jobs fit in 350 s on two cores). ``seeds_per_job = N`` splits
+every patch's seeds so, in ranges of N. The trials are the same either way; the merged
+report counts the seeds of every range.
 
 Relative paths: ``patch`` and ``pythonpath`` are relative to the campaign file (they are
 inputs that travel with it); ``results``, ``db`` and ``patches_report`` to the working
@@ -57,9 +63,10 @@ OPTIONS: dict[str, frozenset[str]] = {
                         "derandomize", "op_timeout", "db"}),
     "mc": frozenset({"target", "patch", "api", "level", "blocks", "depth", "requests", "kv_groups", "max_model_len",
                      "caching", "symmetry", "fork", "check_once", "time_cap", "mem_cap"}),
-    "patches": frozenset({"target", "seeds", "timeout", "only", "kv_groups"}),
+    "patches": frozenset({"target", "seeds", "first_seed", "timeout", "only", "kv_groups"}),
 }
-SPECIAL = frozenset({"command", "release", "pythonpath", "env", "label", "per_job"})
+SPECIAL = frozenset({"command", "release", "pythonpath", "env", "label", "per_job", "seeds_per_job"})
+PATCHES_SEEDS = 10  # kvspec patches' own --seeds default
 CAMPAIGN_KEYS = frozenset({"name", "results", "db", "job_timeout", "retries", "patches_report", "warm"})
 PATH_OPTIONS = frozenset({"patch", "db"})
 
@@ -170,18 +177,29 @@ def corpus_ids(target: str) -> list[str]:
     return [b["id"] for b in sorted(_corpus(target), key=lambda b: not b["slow"])]
 
 
-def _longest_first(groups: list[str], target: str) -> list[str]:
-    """``groups`` (comma-joined ids) in the order to queue them: a group with an
-    equivalent or rare-input patch first, then by its trials' mean time in the published
-    report, longest first. A job is a patch's every seed, so one long job last in the
-    queue runs alone on one core at the end (measured: 22 s of a 2-minute run when
-    nano-vllm's append_dedupes came last). Only the order changes, never the groups:
-    the job ids stay what they were."""
-    seconds = _mean_trial_seconds(target)
-    slow = {b["id"] for b in _corpus(target) if b["slow"]}
-    rank = {g: i for i, g in enumerate(groups)}
-    return sorted(groups, key=lambda g: (not slow.intersection(g.split(",")),
-                                         -sum(seconds.get(x, 0.0) for x in g.split(",")), rank[g]))
+def _patch_jobs(target: str, seeds: int, per_job: int, seeds_per_job: int | None) -> list[tuple[str, int, int]]:
+    """``only = "each"``: (comma-joined ids, first seed, seeds) per job, in queue order.
+
+    Slow patches (equivalent, or found only by kvspec diff: every seed runs to the
+    timeout) run a seed per job, the others every seed in one job, ``per_job`` patches
+    together; ``seeds_per_job`` splits every patch's seeds in ranges of that size. The
+    queue is longest first by the trials' mean time in the published report (a slow
+    patch with no record counts as a minute a trial), so the run does not end on one
+    long job alone on one core (measured: 22 s of a 2-minute run when nano-vllm's
+    append_dedupes came last). The report only orders the queue: the jobs, and so
+    their ids, depend on the corpus alone."""
+    corpus = _corpus(target)
+    slow = {b["id"] for b in corpus if b["slow"]}
+    ids = corpus_ids(target)
+    published = _mean_trial_seconds(target)
+    est = {i: published.get(i, 60.0 if i in slow else 0.0) for i in ids}
+    split = [i for i in ids if seeds_per_job is not None or i in slow]
+    step = seeds_per_job or 1
+    jobs = [(i, k, min(step, seeds - k)) for i in split for k in range(0, seeds, step)]
+    jobs += [(g, 0, seeds) for g in _groups([i for i in ids if i not in split], per_job)]
+    rank = {j: n for n, j in enumerate(jobs)}
+    return sorted(jobs, key=lambda j: (-sum(est[x] for x in j[0].split(",")) * j[2],
+                                       not slow.intersection(j[0].split(",")), rank[j]))
 
 
 def _groups(ids: list[str], per_job: int) -> list[str]:
@@ -220,14 +238,25 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
     per_job = table.get("per_job", 1)
     if not isinstance(per_job, int) or isinstance(per_job, bool) or per_job < 1:
         raise _fail(path, f"{where}: per_job must be a whole number, 1 or more (got {per_job!r})")
-    if "per_job" in table and table.get("only") != "each":
-        raise _fail(path, f"{where}: per_job goes with only = \"each\"")
-    if command == "patches" and table.get("only") == "each":  # one job per patch (or per_job), of each target's corpus
-        targets = table.get("target", "impl")
-        rest = {k: v for k, v in table.items() if k != "per_job"}
-        return [j for t in (targets if isinstance(targets, list) else [targets])
-                for j in _expand_table({**rest, "target": t, "only": _longest_first(_groups(corpus_ids(t), per_job), t)},
-                                                n, path, camp)]
+    spj = table.get("seeds_per_job")
+    if spj is not None and (not isinstance(spj, int) or isinstance(spj, bool) or spj < 1):
+        raise _fail(path, f"{where}: seeds_per_job must be a whole number, 1 or more (got {spj!r})")
+    for key in ("per_job", "seeds_per_job"):
+        if key in table and table.get("only") != "each":
+            raise _fail(path, f"{where}: {key} goes with only = \"each\"")
+    if "per_job" in table and spj is not None:
+        raise _fail(path, f"{where}: per_job and seeds_per_job do not go together (a seed range is one patch's)")
+    if command == "patches" and table.get("only") == "each":  # jobs of each target's corpus: see the module doc
+        if "first_seed" in table:
+            raise _fail(path, f"{where}: first_seed does not go with only = \"each\" (it splits the seeds itself)")
+        targets, seeds = table.get("target", "impl"), table.get("seeds", PATCHES_SEEDS)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in _listed(seeds)):
+            raise _fail(path, f"{where}: seeds must be a whole number, 1 or more, or a list of them (got {seeds!r})")
+        rest = {k: v for k, v in table.items() if k not in ("per_job", "seeds_per_job")}
+        return [j for t in _listed(targets) for s in _listed(seeds)
+                for only, first, k in _patch_jobs(t, s, per_job, spj)
+                for j in _expand_table({**rest, "target": t, "only": only, "seeds": k,
+                                        **({"first_seed": first} if first else {})}, n, path, camp)]
     opts = {k: v for k, v in table.items() if k not in SPECIAL}
     if command == "check" and "max_examples" not in opts and not opts.get("derandomize") and "budget" not in opts:
         raise _fail(path, f"{where}: a check job needs max_examples (deterministic) or an explicit budget (seconds)")
@@ -257,6 +286,10 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
                                                   if k != "KVSPEC_CAMPAIGN_RELEASE" and v])
         jobs.append(Job(jid, command, resolved, env, ppath_resolved, label))
     return jobs
+
+
+def _listed(v: Any) -> list:
+    return v if isinstance(v, list) else [v]
 
 
 def _values(opts: dict, key: str) -> list:

@@ -87,16 +87,18 @@ def cmd_patches(args) -> int:
     from kvspec.mc import search as mc_search  # noqa: F401
 
     hard = args.timeout + HARD_MARGIN_S
+    first = getattr(args, "first_seed", 0) or 0
     work: list[tuple[str, dict, float]] = []
     for b in bugs:
-        for seed in range(args.seeds):
+        for seed in range(first, first + args.seeds):
             work.append(("run_trial", {"id": b["id"], "seed": seed, "target": args.target,
                                        "patch": str(corpus_dir / b["file"]), "timeout": args.timeout,
                                        "kv_groups": getattr(args, "kv_groups", None) or b.get("kv_groups"),
                                        "level": getattr(args, "level", "all")}, hard))
-    if args.target == "impl":
+    if args.target == "impl" and first == 0:
         # kvspec diff on every patch (it compares only the helpers a patch changes; most
-        # patches change none and cost nothing), so the report says which engine caught what
+        # patches change none and cost nothing), so the report says which engine caught what;
+        # once per patch: a run split by seed ranges carries it in the range from seed 0
         for b in bugs:
             work.append(("run_diff_task", {"id": b["id"], "patch": str(corpus_dir / b["file"]),
                                            "per_condition_timeout": min(DIFF_TIMEOUT_S, args.timeout)},
@@ -127,8 +129,10 @@ def cmd_patches(args) -> int:
             t["seconds_to_failure"] = round(t["seconds_to_failure"], 4)
     diffs = {r["id"]: r["diff"] for r in results if r.get("_fn") == "run_diff_task"}
     res = summarize(args.target, bugs, trials, diffs, {"seeds": args.seeds, "timeout": args.timeout, "jobs": jobs}, wall)
-    command = "kvspec patches --target {} --seeds {} --timeout {:g}{}".format(
-        args.target, args.seeds, args.timeout, f" --only {args.only}" if args.only else "")
+    command = "kvspec patches --target {} --seeds {}{} --timeout {:g}{}".format(
+        args.target, args.seeds, f" --first-seed {first}" if first else "", args.timeout,
+        f" --only {args.only}" if args.only else "")
+    res["first_seed"] = first
     res["command"] = command
     res["section"] = f"{args.target} --only {args.only}" if args.only else args.target
     res["machine"] = _machine(args.target)
