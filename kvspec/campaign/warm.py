@@ -6,9 +6,8 @@ machine that made a corpus campaign 1.25-1.34x slower than ``kvspec patches --jo
 A job that needs no environment of its own (no ``env``, no ``pythonpath``: everything
 but a release tree) runs here instead:
 
-- the *server* loads each target's package the first time a job names it
-  (``load_target``, as ``kvspec patches`` does before it forks its trials), and nothing
-  else of kvspec's (see ``_warm``: import order changes a search);
+- the *server* loads kvspec's checkers and each target's package the first time a job
+  names it (``load_target``, as ``kvspec patches`` does before it forks its trials);
 - each job is a ``fork`` of that warm server: the child runs ``python -m kvspec`` on
   the job's command line (``runpy``, as the interpreter's ``-m`` does), in the job's scratch directory, with stdout and stderr going
   to files. A job still gets a process of its own, so what it patches, the signal
@@ -68,14 +67,26 @@ def _die_with_parent() -> None:
 _warm_targets: set[str] = set()
 
 
+# What every job imports, loaded once in the server: the job forks with them in place.
+# Safe since a search's draws stopped depending on the modules loaded (Hypothesis mixed
+# every loaded local module's constants into its draws; kvspec's searches draw without
+# them: tests/test_campaign.py's warm-equals-fresh search is the regression test).
+JOB_MODULES = ("kvspec.cli", "kvspec.check.command", "kvspec.check.search", "kvspec.check.minimize",
+               "kvspec.mc.search", "kvspec.mc.command", "kvspec.corpus.command", "kvspec.corpus.runner")
+
+
 def _warm(target: Optional[str]) -> None:
-    """Load the target's package the first time a job names it (torch for nano-vllm,
-    about 20 s for vLLM), as ``kvspec patches`` does before it forks its trials. Nothing
-    else: which kvspec modules are imported first changes what a search draws (measured:
-    importing kvspec.mc.search before ``kvspec check --target impl --patch
-    partial_cached.diff --seed 1 --max-examples 150`` makes it pass at 180 examples where a
-    fresh process finds I3 at example 62), so the job imports kvspec's own modules in its
-    own order, as a fresh process would."""
+    """Load kvspec's checkers once, and the target's package the first time a job names
+    it (torch for nano-vllm, about 20 s for vLLM), as ``kvspec patches`` does before it
+    forks its trials."""
+    import importlib
+
+    for name in JOB_MODULES:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # the job imports it again and reports what goes wrong, in its own process
+                pass
     if target and target not in _warm_targets:
         _warm_targets.add(target)
         try:
@@ -191,6 +202,10 @@ def serve_node(path: str) -> int:
                             fds = [listener.fileno(), s.fileno(), *(c.fileno() for c in reading),
                                    *(c.fileno() for c in busy)]
                             _job_child(req, fds)
+                        try:  # the child does it too: whichever runs first, the group exists before a kill
+                            os.setpgid(pid, pid)
+                        except OSError:
+                            pass
                         running[pid] = (s, time.monotonic() + float(req["timeout"]))
                 elif s.recv(1) == b"":  # a running job's client went away (its Ray worker died)
                     pid = next(p for p, (c, _) in running.items() if c is s)
