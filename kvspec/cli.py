@@ -159,8 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--target", choices=["impl", "vllm", "nanovllm"], default="impl", help="whose bug corpus to run")
     pt.add_argument("--seeds", type=count(1), default=10, help="trials per patch, seeds 0..N-1 (K..K+N-1 with --first-seed)")
     pt.add_argument("--first-seed", type=count(0), default=0, metavar="K",
-                    help="the first seed (default 0): a run split over machines runs its seed ranges as separate "
-                         "commands with the same trials as one run; kvspec diff (impl) runs with the range from 0")
+                    help="the first seed: a run split over machines runs its seed ranges as separate commands, "
+                         "with the trials of one run (kvspec diff, on impl, runs in the range that starts at 0)")
     pt.add_argument("--timeout", type=seconds(), default=60.0, metavar="S", help="seconds per trial")
     pt.add_argument("--jobs", type=count(1), default=None,
                     help="worker processes (default: CPU count; more than that is capped, with a note)")
