@@ -170,13 +170,6 @@ def _corpus(target: str) -> list[dict]:
         raise UsageError(f"kvspec campaign: only = \"each\": no readable bug corpus for target {target!r} ({f})") from None
 
 
-def corpus_ids(target: str) -> list[str]:
-    """The patch ids of the installed corpus of ``target`` (for ``only = "each"``), the
-    long ones first as ``kvspec patches`` orders them: an equivalent mutant or a rare-input
-    bug runs every seed to the timeout, and last in the queue it would run alone."""
-    return [b["id"] for b in sorted(_corpus(target), key=lambda b: not b["slow"])]
-
-
 def _patch_jobs(target: str, seeds: int, per_job: int, seeds_per_job: int | None) -> list[tuple[str, int, int]]:
     """``only = "each"``: (comma-joined ids, first seed, seeds) per job, in queue order.
 
@@ -190,7 +183,7 @@ def _patch_jobs(target: str, seeds: int, per_job: int, seeds_per_job: int | None
     their ids, depend on the corpus alone."""
     corpus = _corpus(target)
     slow = {b["id"] for b in corpus if b["slow"]}
-    ids = corpus_ids(target)
+    ids = [b["id"] for b in corpus]
     published = _mean_trial_seconds(target)
     est = {i: published.get(i, 60.0 if i in slow else 0.0) for i in ids}
     split = [i for i in ids if seeds_per_job is not None or i in slow]
@@ -280,7 +273,7 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
         resolved = {k: _resolve(v, k, path.parent) for k, v in options.items()}
         ppath_resolved = tuple(str((path.parent / os.path.expanduser(x)).resolve()) for x in ppath)
         label = table.get("label") or " ".join([command] + [f"{k}={_short(v)}" for k, v in sorted(options.items())
-                                                            if len(_values(opts, k)) > 1 or k in ("target",)]
+                                                            if len(_listed(opts.get(k))) > 1 or k in ("target",)]
                                                + ([f"release={release}"] if release is not None else [])
                                                + [f"{k}={_short(v)}" for k, v in sorted(env.items())
                                                   if k != "KVSPEC_CAMPAIGN_RELEASE" and v])
@@ -289,11 +282,6 @@ def _expand_table(table: dict, n: int, path: Path, camp: dict) -> list[Job]:
 
 
 def _listed(v: Any) -> list:
-    return v if isinstance(v, list) else [v]
-
-
-def _values(opts: dict, key: str) -> list:
-    v = opts.get(key)
     return v if isinstance(v, list) else [v]
 
 

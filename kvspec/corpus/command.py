@@ -132,7 +132,6 @@ def cmd_patches(args) -> int:
     command = "kvspec patches --target {} --seeds {}{} --timeout {:g}{}".format(
         args.target, args.seeds, f" --first-seed {first}" if first else "", args.timeout,
         f" --only {args.only}" if args.only else "")
-    res["first_seed"] = first
     res["command"] = command
     res["section"] = f"{args.target} --only {args.only}" if args.only else args.target
     res["machine"] = _machine(args.target)
