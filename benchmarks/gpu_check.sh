@@ -2,6 +2,8 @@
 # One device call: GPU correctness sweep, then the kernel benchmark, each run twice
 # (the spread between the two is the noise). Run on the device machine from the repo root:
 #   bash benchmarks/gpu_check.sh        (writes under $OUT, or reports/gpu if OUT is unset)
+#   BENCH_RUNS=1 AB_ROUNDS=3 AB_TILES=64 bash benchmarks/gpu_check.sh   (one benchmark, then the
+#   default decode launch against tile 64, three interleaved rounds: benchmarks/tune_decode_gpu.py)
 set -u
 OUT=${OUT:-reports/gpu}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -25,6 +27,11 @@ for i in ${BENCH_RUNS:-1 2}; do
   timeout 150 $PY benchmarks/bench_kernels_gpu.py --out-dir "$OUT/bench$i" > "$OUT/bench$i/stdout.txt" 2> "$OUT/bench$i/stderr.txt"
   echo "bench $i rc=$?"; tail -3 "$OUT/bench$i/stderr.txt"
 done
+if [ -n "${AB_ROUNDS:-}" ]; then  # the default decode launch against a forced key tile, interleaved (AB_TILES)
+  timeout 200 $PY benchmarks/tune_decode_gpu.py --splits none --tiles none ${AB_TILES:-64} --rounds "$AB_ROUNDS" \
+    --json-out "$OUT/decode_ab.json" > "$OUT/decode_ab.txt" 2>&1
+  echo "decode A/B rc=$?"; grep -v "^copy GB/s" "$OUT/decode_ab.txt" | tail -8
+fi
 $PY - "$OUT" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
