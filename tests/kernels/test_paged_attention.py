@@ -112,6 +112,21 @@ def test_long_context_decode_splits_by_default():
     assert_passes(KernelCase(seq_lens=(1100, 5), dtype="bfloat16", group=2, block_size=16, q_gain=4.0, seed=9))
 
 
+@pytest.mark.parametrize("dtype,head_dim,shared_kb,tile", [
+    (torch.bfloat16, 128, 227, 128),  # a Hopper: three 128 x 128 bf16 K/V stages (192 KB) fit
+    (torch.bfloat16, 128, 163, 64),   # an A100: they do not
+    (torch.float16, 64, 163, 128),    # half the head dim, half the bytes: they do
+    (torch.bfloat16, 128, 0, 64),     # shared memory unknown: the narrow tile
+])
+def test_gpu_decode_tile_follows_shared_memory(monkeypatch, dtype, head_dim, shared_kb, tile):
+    # The rule is pure arithmetic on the device's limit, so it is checked here without a GPU;
+    # that the wide tile compiles and is faster was measured on one (reports/kernels.md).
+    monkeypatch.setattr(pa_module, "_shared_memory_bytes", lambda device: shared_kb * 1024)
+    monkeypatch.setattr(pa_module.torch.cuda, "current_device", lambda: 0)
+    q = torch.zeros(1, 1, head_dim, dtype=dtype)
+    assert pa_module._gpu_decode_tile(q, head_dim, num_stages=3) == tile
+
+
 def test_zero_length_sequences_give_exact_zeros():
     case = KernelCase(seq_lens=(0, 4, 0), dtype="float16", num_kv_heads=1, group=2, block_size=3, seed=10)
     t = build_inputs(case)
