@@ -13,21 +13,29 @@ import os
 import time
 
 
-def ray_cpu_seconds() -> tuple[float, int]:
-    """(user + system CPU-seconds, processes) of every process whose command line names ray."""
-    total, n, tick = 0.0, 0, os.sysconf("SC_CLK_TCK")
+def ray_processes() -> dict[int, tuple[str, float]]:
+    """pid -> (short name, user + system CPU-seconds) of every process whose command line names ray."""
+    out, tick = {}, os.sysconf("SC_CLK_TCK")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         if int(pid) == os.getpid():
             continue
         try:
-            if b"ray" not in open(f"/proc/{pid}/cmdline", "rb").read():
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            if b"ray" not in cmd:
                 continue
             fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-        n += 1
-    return total, n
+        words = [w.decode(errors="replace").rsplit("/", 1)[-1] for w in cmd.split(b"\0")[:3]]
+        name = next((w for w in words if w.endswith(".py")), words[0])  # python -u log_monitor.py -> log_monitor.py
+        out[int(pid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def ray_cpu_seconds() -> tuple[float, int]:
+    """(user + system CPU-seconds, processes) of every process whose command line names ray."""
+    procs = ray_processes()
+    return sum(c for _, c in procs.values()), len(procs)
 
 
 def main() -> None:
@@ -47,10 +55,14 @@ def main() -> None:
     ray.get([one.remote(), one.remote()])
     start, n = ray_cpu_seconds()
     print(f"start and two tasks: {time.monotonic() - t:.1f} s wall, {start:.2f} CPU-seconds in {n} Ray processes")
+    before = ray_processes()
     time.sleep(idle)
-    end, n = ray_cpu_seconds()
+    after = ray_processes()
+    end, n = sum(c for _, c in after.values()), len(after)
     print(f"idle {idle:g} s: {end - start:.2f} CPU-seconds in {n} Ray processes "
           f"({(end - start) / idle * 60:.2f} a minute)")
+    per = sorted(((c - before.get(pid, (name, 0.0))[1]) / idle * 60, name) for pid, (name, c) in after.items())
+    print("  a minute, by process: " + ", ".join(f"{name} {m:.2f}" for m, name in reversed(per)))
     ray.shutdown()
 
 

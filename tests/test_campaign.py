@@ -189,6 +189,35 @@ def test_a_patch_split_by_seed_merges_into_the_report_of_one_run(tmp_path):
     assert shape(got[0]) == shape(want[0]) and got[0]["seeds"] == 2
 
 
+def test_a_seed_range_without_kvspec_diff_leaves_a_rare_input_patch_to_the_range_from_0(tmp_path):
+    """On impl, kvspec diff runs once per patch, in the seed range from 0. Another range
+    of a rare-input patch (one only diff finds) passed before as fail (a campaign that split
+    it exited 1 where kvspec patches exits 0); it now says the diff is the other range's,
+    and the merge judges the patch by the range-0 diff, failing it when that range is missing."""
+    import copy
+
+    from kvspec.campaign.matrix import Job
+    from kvspec.campaign.patches import merged
+    from kvspec.campaign.runner import run_serial
+    from kvspec.corpus.stats import DIFF_DEFERRED
+
+    base = {"target": "impl", "only": "huge_pool_fast_path", "timeout": 2}
+    rng = run_serial([Job("b", "patches", {**base, "seeds": 1, "first_seed": 1})], timeout=300)[0]
+    assert rng["verdict"] == "pass" and rng["exit_code"] == 0, rng.get("error")
+    row = rng["result"]["patches"][0]
+    assert row["diff"] == {"verdict": DIFF_DEFERRED} and [t["seed"] for t in rng["result"]["trials"]] == [1]
+    # the range from 0, as a run that diff caught would report it (built from the real range's record)
+    zero = copy.deepcopy(rng)
+    zero["id"], zero["result"]["trials"][0]["seed"] = "a", 0
+    zero["result"]["patches"][0]["diff"] = {"verdict": "different", "seconds": 1.0}
+    both = merged([rng, zero], "c", 2, 1.0)[0]
+    assert both["verdict"] == "pass" and both["seeds"] == 2
+    assert both["patches"][0]["diff"]["verdict"] == "different" and "diff" in both["patches"][0]["caught_by"]
+    alone = merged([rng], "c", 1, 1.0)[0]  # the range from 0 lost: nothing judged the patch
+    assert alone["patches"][0]["diff"] is None
+    assert alone["verdict"] == ("pass" if alone["patches"][0]["kills"] else "fail")
+
+
 @pytest.mark.parametrize("text, says", [
     ("[[matrix]]\ncommand = 'patches'\nper_job = 2\n", "per_job goes with only"),
     ("[[matrix]]\ncommand = 'patches'\nonly = 'each'\nper_job = 0\n", "per_job must be"),
@@ -510,3 +539,27 @@ def test_the_release_sweep_as_a_campaign_file_has_one_job_per_release_and_pass(t
         assert job.pythonpath[0] == str(tmp_path / "cache" / v)
         assert job.env.get("KVSPEC_VLLM_POLICIES", "") == pol
         assert job.argv()[:1] == ["check"] and "--max-examples" in job.argv() and "vllm" in job.argv()
+
+
+def test_the_driver_counts_its_own_job_as_running_while_ray_starts(monkeypatch):
+    """The progress line's 'running' includes the job the driver runs itself while Ray
+    starts (it once said 0 running then), and not once that job is done."""
+    import threading
+
+    from kvspec.campaign import execute, runner
+    from kvspec.campaign.matrix import Job
+
+    seen, built, holder = [], threading.Event(), {}
+
+    def fake_run_job(job_d, timeout, warm, server):
+        built.wait(10)  # until the test holds the object whose thread runs this
+        seen.append(("during", holder["w"].busy))
+        return {"id": job_d["id"], "verdict": "pass"}
+
+    monkeypatch.setattr(runner, "run_job", fake_run_job)
+    on_done = lambda record: seen.append(("done " + record["id"], holder["w"].busy))  # noqa: E731
+    holder["w"] = execute._WhileRayStarts([Job("a", "check", {}), Job("b", "check", {})], 10, True, on_done)
+    built.set()
+    holder["w"].thread.join(10)
+    assert seen == [("during", True), ("done a", False), ("during", True), ("done b", False)]
+    assert holder["w"].ran == 2

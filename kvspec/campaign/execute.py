@@ -129,6 +129,7 @@ class _WhileRayStarts:
         self.lock = threading.Lock()
         self.timeout, self.warm, self.on_done, self.node_server = timeout, warm, on_done, node_server
         self.ran = 0
+        self.busy = False  # a job of its own is running now: the progress line counts it
         self.thread = threading.Thread(target=self._run, name="kvspec-while-ray-starts", daemon=True)
         self.thread.start()
 
@@ -139,7 +140,9 @@ class _WhileRayStarts:
                 if not self.queue:
                     return
                 job = self.queue.pop(0)
+                self.busy = True
             record = run_job(job.to_dict(), self.timeout, self.warm, self.node_server)
+            self.busy = False
             record["ran_on"] = "driver, while Ray started"
             self.ran += 1
             self.on_done(record)
@@ -164,9 +167,11 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
     require_ray()
     done_lock = threading.Lock()
     slots = 1
+    in_ray = 0  # jobs handed to Ray and not yet back
 
-    def done(record: dict, running: int) -> None:
+    def done(record: dict) -> None:
         with done_lock:
+            running = min(in_ray, slots) + (1 if early is not None and early.busy else 0)
             on_done(record, running, slots)
 
     early = server = None
@@ -178,7 +183,7 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
             server = None  # each Ray worker then starts a server of its own, as on other nodes
     ours = "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # else a caller's Ray is up already
     if address is None and ours and jobs:
-        early = _WhileRayStarts(jobs, timeout, warm, lambda r: done(r, 1), server and server.path)
+        early = _WhileRayStarts(jobs, timeout, warm, done, server and server.path)
         if on_start:
             on_start(1, 1)
     try:
@@ -216,6 +221,7 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
                 time.sleep(0.2)
                 continue
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.5 if driver_busy else 10.0)
+            in_ray = len(pending)
             if not ready:
                 slots = max(1, int(ray.cluster_resources().get("CPU", slots)))  # nodes come and go
                 continue
@@ -225,7 +231,7 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
                     record = ray.get(ref)
                 except Exception as e:  # RayTaskError, WorkerCrashedError, NodeDiedError, ...
                     record = _lost(job, e, retries)
-                done(record, min(len(pending), slots))
+                done(record)
         if early:
             early.finish()
     finally:

@@ -10,12 +10,11 @@ command's own summary and renderer: the report has the same form as
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 from kvspec.corpus.command import _machine as machine  # the same machine line as kvspec patches writes
 from kvspec.corpus.report import write_reports
 from kvspec.corpus.runner import load_corpus
-from kvspec.corpus.stats import summarize
+from kvspec.corpus.stats import DIFF_DEFERRED, summarize
 
 
 def merged(records: list[dict], campaign_cmd: str, workers: int, wall: float) -> list[dict]:
@@ -34,7 +33,9 @@ def merged(records: list[dict], campaign_cmd: str, workers: int, wall: float) ->
         trials = [by_trial[k] for k in sorted(by_trial)]
         ran = {t["id"] for t in trials}
         seeds = max(sum(1 for t in trials if t["id"] == i) for i in ran)
-        diffs = {p["id"]: p["diff"] for res in results for p in res.get("patches") or [] if p.get("diff")}
+        # the range from seed 0 ran kvspec diff; the others say so and are not merged
+        diffs = {p["id"]: p["diff"] for res in results for p in res.get("patches") or []
+                 if p.get("diff") and p["diff"].get("verdict") != DIFF_DEFERRED}
         subset = [b for b in bugs if b["id"] in ran]
         res = summarize(target, subset, trials, diffs, {"seeds": seeds, "timeout": timeout, "jobs": workers}, wall)
         only = "" if len(subset) == len(bugs) else " --only " + ",".join(b["id"] for b in subset)
@@ -53,8 +54,3 @@ def write(records: list[dict], directory: str, campaign_cmd: str, workers: int, 
         paths = write_reports(res, directory)
     return paths
 
-
-def verdicts(records: list[dict]) -> Optional[dict[str, str]]:
-    """target -> the merged verdict, as ``kvspec patches`` gives it (None: no patches jobs)."""
-    got = {res["section"]: res["verdict"] for res in merged(records, "", 1, 0.0)}
-    return got or None

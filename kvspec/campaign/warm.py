@@ -200,7 +200,7 @@ def serve_node(path: str) -> int:
                         pid = os.fork()
                         if pid == 0:
                             fds = [listener.fileno(), s.fileno(), *(c.fileno() for c in reading),
-                                   *(c.fileno() for c in busy)]
+                                   *(c.fileno() for c, _ in running.values())]  # as of now, not the loop's start
                             _job_child(req, fds)
                         try:  # the child does it too: whichever runs first, the group exists before a kill
                             os.setpgid(pid, pid)

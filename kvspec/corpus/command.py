@@ -11,7 +11,7 @@ import time
 from typing import Any, Optional
 from kvspec.corpus.report import REPORT_JSON, REPORT_MD, load_report, render_reports, text_summary, write_reports
 from kvspec.corpus.runner import DIFF_TIMEOUT_S, HARD_MARGIN_S, load_corpus, run_pool
-from kvspec.corpus.stats import _median, resummarize, summarize
+from kvspec.corpus.stats import DIFF_DEFERRED, _median, resummarize, summarize
 
 
 # -- the command --------------------------------------------------------------------------
@@ -128,6 +128,8 @@ def cmd_patches(args) -> int:
         if t.get("seconds_to_failure") is not None:
             t["seconds_to_failure"] = round(t["seconds_to_failure"], 4)
     diffs = {r["id"]: r["diff"] for r in results if r.get("_fn") == "run_diff_task"}
+    if args.target == "impl" and first:  # kvspec diff runs in the range from seed 0: not this range's to judge
+        diffs = {b["id"]: {"verdict": DIFF_DEFERRED} for b in bugs if b.get("engine") == "diff"}
     res = summarize(args.target, bugs, trials, diffs, {"seeds": args.seeds, "timeout": args.timeout, "jobs": jobs}, wall)
     command = "kvspec patches --target {} --seeds {}{} --timeout {:g}{}".format(
         args.target, args.seeds, f" --first-seed {first}" if first else "", args.timeout,

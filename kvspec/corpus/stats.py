@@ -26,6 +26,11 @@ def _r(x: Optional[float], nd: int = 3) -> Optional[float]:
     return None if x is None else round(x, nd)
 
 
+# The diff verdict of a seed range that does not run kvspec diff (``kvspec patches
+# --first-seed K``, K > 0, on impl): the range from seed 0 runs it, once per patch.
+DIFF_DEFERRED = "in the range from seed 0"
+
+
 def patch_row(bug: dict, trials: list[dict], diff: Optional[dict]) -> dict:
     killed = [t for t in trials if t["killed"]]
     ttf = [t["seconds_to_failure"] for t in killed if t["seconds_to_failure"] is not None]
@@ -94,7 +99,9 @@ def summarize(target: str, bugs: list[dict], trials: list[dict], diffs: dict[str
     timeout = args_d["timeout"]
     fp = [r for r in equiv if r["kills"]]
     safety_ok = all(r["kills"] == r["seeds"] and r["seeds"] for r in safety)
-    rare_ok = all(r["caught_by"] for r in rare)
+    # a rare-input bug fails the run unless check or diff caught it; where this run is a
+    # seed range whose diff runs in the range from seed 0, the other range judges it
+    rare_ok = all(r["caught_by"] or (r["diff"] or {}).get("verdict") == DIFF_DEFERRED for r in rare)
     summary = {
         "safety": _class_summary(safety, trials, timeout),
         "policy": _class_summary(policy, trials, timeout),
