@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--seeds", type=count(1), default=10, help="trials per patch, seeds 0..N-1 (K..K+N-1 with --first-seed)")
     pt.add_argument("--first-seed", type=count(0), default=0, metavar="K",
                     help="the first seed: a run split over machines runs its seed ranges as separate commands, "
-                         "with the trials of one run (kvspec diff, on impl, runs in the range that starts at 0)")
+                         "with the trials of one run (kvspec diff, on impl, runs in the range that starts at 0; another range "
+                         "leaves a rare-input patch to it rather than failing it)")
     pt.add_argument("--timeout", type=seconds(), default=60.0, metavar="S", help="seconds per trial")
     pt.add_argument("--jobs", type=count(1), default=None,
                     help="worker processes (default: CPU count; more than that is capped, with a note)")
