@@ -32,12 +32,6 @@ def ray_processes() -> dict[int, tuple[str, float]]:
     return out
 
 
-def ray_cpu_seconds() -> tuple[float, int]:
-    """(user + system CPU-seconds, processes) of every process whose command line names ray."""
-    procs = ray_processes()
-    return sum(c for _, c in procs.values()), len(procs)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--idle", type=float, default=60.0, help="idle seconds to measure")
@@ -53,9 +47,9 @@ def main() -> None:
         return 1
 
     ray.get([one.remote(), one.remote()])
-    start, n = ray_cpu_seconds()
-    print(f"start and two tasks: {time.monotonic() - t:.1f} s wall, {start:.2f} CPU-seconds in {n} Ray processes")
     before = ray_processes()
+    start = sum(c for _, c in before.values())
+    print(f"start and two tasks: {time.monotonic() - t:.1f} s wall, {start:.2f} CPU-seconds in {len(before)} Ray processes")
     time.sleep(idle)
     after = ray_processes()
     end, n = sum(c for _, c in after.values()), len(after)

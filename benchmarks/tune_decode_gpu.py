@@ -26,11 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_kernels_gpu import DECODE, _bench, bytes_moved, copy_bandwidth_gbps, gathered, paged_inputs  # noqa: E402
 
 
-def splits_tile_failed(errs: dict, splits, tile) -> bool:
-    """A variant that failed once (did not compile) is not retried in later rounds."""
-    return isinstance(errs.get((splits, tile)), str)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384])
@@ -60,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         errs: dict = {}
         for _ in range(a.rounds):
             for splits, tile in variants:
-                if splits_tile_failed(errs, splits, tile):
+                if isinstance(errs.get((splits, tile)), str):  # failed once (did not compile): not retried
                     continue
                 def run():
                     return paged_attention(t["q"], t["k_cache"], t["v_cache"], t["block_tables"], t["seq_lens"],

@@ -28,7 +28,8 @@ import triton.language as tl
 # so tiles are wide there; on a GPU they are sized for registers and occupancy.
 _CPU_TILE_N, _GPU_TILE_N = 16, 64
 # Decode on a GPU takes the wide key tile where shared memory holds its pipeline: on an
-# H200 it cut decode time by 15-29% at contexts 1024-16384 (reports/gpu/tune_decode.json).
+# H200 it cut decode time by 12-13% at contexts 4096 and 16384 against the 64-key tile
+# (interleaved A/B, reports/kernels.md).
 _GPU_DECODE_TILE_N = 128
 _CPU_ROWS, _GPU_ROWS = 64, 64  # target rows (query positions x heads) per extend program
 _SPLIT_TOKENS = 256  # a split covers at least this many context tokens
@@ -243,7 +244,8 @@ def _gpu_decode_tile(q: torch.Tensor, block_d: int, num_stages: int) -> int:
     width fit this device's shared memory (a Hopper's 227 KB holds 128 x 128 bf16 at 3
     stages, 192 KB; an A100's 163 KB does not), else ``_GPU_TILE_N``."""
     need = num_stages * 2 * _GPU_DECODE_TILE_N * block_d * q.element_size() + 16 * 1024  # + Q tile, scratch
-    return _GPU_DECODE_TILE_N if _shared_memory_bytes(torch.cuda.current_device() if q.device.index is None else q.device.index) >= need else _GPU_TILE_N
+    device = torch.cuda.current_device() if q.device.index is None else q.device.index
+    return _GPU_DECODE_TILE_N if _shared_memory_bytes(device) >= need else _GPU_TILE_N
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -554,12 +554,17 @@ def test_the_driver_counts_its_own_job_as_running_while_ray_starts(monkeypatch):
     def fake_run_job(job_d, timeout, warm, server):
         built.wait(10)  # until the test holds the object whose thread runs this
         seen.append(("during", holder["w"].busy))
+        seen.append(("running, one Ray job out", execute.running_now(1, 2, holder["w"])))
         return {"id": job_d["id"], "verdict": "pass"}
 
     monkeypatch.setattr(runner, "run_job", fake_run_job)
-    on_done = lambda record: seen.append(("done " + record["id"], holder["w"].busy))  # noqa: E731
+    def on_done(record):
+        seen.append(("done " + record["id"], holder["w"].busy))
+        seen.append(("running, one Ray job out", execute.running_now(1, 2, holder["w"])))
     holder["w"] = execute._WhileRayStarts([Job("a", "check", {}), Job("b", "check", {})], 10, True, on_done)
     built.set()
     holder["w"].thread.join(10)
-    assert seen == [("during", True), ("done a", False), ("during", True), ("done b", False)]
+    assert seen[::2] == [("during", True), ("done a", False), ("during", True), ("done b", False)]
+    assert [n for _, n in seen[1::2]] == [2, 1, 2, 1]  # the driver's job counted while it runs, not after
+    assert execute.running_now(5, 2, None) == 2  # Ray's count is capped at its CPUs
     assert holder["w"].ran == 2

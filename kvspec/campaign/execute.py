@@ -161,6 +161,12 @@ class _WhileRayStarts:
             warm._client = None
 
 
+def running_now(in_ray: int, slots: int, early: Optional[_WhileRayStarts]) -> int:
+    """Jobs running now, for the progress line: Ray's (at most its CPUs) and the one the
+    driver runs itself while Ray starts."""
+    return min(in_ray, slots) + (1 if early is not None and early.busy else 0)
+
+
 def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retries: int,
              on_done: Callable[[dict, int, int], None], on_start: Optional[Callable[[int, int], None]],
              warm: bool = True) -> None:
@@ -171,8 +177,7 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
 
     def done(record: dict) -> None:
         with done_lock:
-            running = min(in_ray, slots) + (1 if early is not None and early.busy else 0)
-            on_done(record, running, slots)
+            on_done(record, running_now(in_ray, slots, early), slots)
 
     early = server = None
     if warm and any(warm_eligible(j) for j in jobs):
@@ -217,6 +222,7 @@ def _execute(jobs: Sequence[Job], address: Optional[str], timeout: float, retrie
                 refs[ref] = job
                 pending.append(ref)
             del queue[:room]
+            in_ray = len(pending)
             if not pending:
                 time.sleep(0.2)
                 continue

@@ -95,7 +95,8 @@ def cmd_patches(args) -> int:
                                        "patch": str(corpus_dir / b["file"]), "timeout": args.timeout,
                                        "kv_groups": getattr(args, "kv_groups", None) or b.get("kv_groups"),
                                        "level": getattr(args, "level", "all")}, hard))
-    if args.target == "impl" and first == 0:
+    diff_here = args.target == "impl" and first == 0  # on impl, once per patch: in the range from seed 0
+    if diff_here:
         # kvspec diff on every patch (it compares only the helpers a patch changes; most
         # patches change none and cost nothing), so the report says which engine caught what;
         # once per patch: a run split by seed ranges carries it in the range from seed 0
@@ -128,7 +129,7 @@ def cmd_patches(args) -> int:
         if t.get("seconds_to_failure") is not None:
             t["seconds_to_failure"] = round(t["seconds_to_failure"], 4)
     diffs = {r["id"]: r["diff"] for r in results if r.get("_fn") == "run_diff_task"}
-    if args.target == "impl" and first:  # kvspec diff runs in the range from seed 0: not this range's to judge
+    if args.target == "impl" and not diff_here:  # the range from seed 0 judges what only kvspec diff finds
         diffs = {b["id"]: {"verdict": DIFF_DEFERRED} for b in bugs if b.get("engine") == "diff"}
     res = summarize(args.target, bugs, trials, diffs, {"seeds": args.seeds, "timeout": args.timeout, "jobs": jobs}, wall)
     command = "kvspec patches --target {} --seeds {}{} --timeout {:g}{}".format(
