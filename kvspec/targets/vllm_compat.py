@@ -25,6 +25,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import weakref
 from types import ModuleType
 from typing import Any, Callable, Optional
 
@@ -41,15 +42,62 @@ def params(fn: Callable) -> dict[str, inspect.Parameter]:
     return ps
 
 
+class _Form:
+    """One callable's call form, read once: the names it takes and the ones it requires
+    (a ``**kwargs`` catch-all takes nothing kvspec names: only declared names are passed)."""
+
+    __slots__ = ("takes", "required")
+
+    def __init__(self, fn: Callable) -> None:
+        ps = params(fn)
+        self.takes = frozenset(ps)
+        self.required = tuple(n for n, p in ps.items() if p.default is p.empty
+                              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+
+
+# Keyed by the function (a bound method's __func__) or class, weakly: a patched run's
+# modules are dropped with their forms. Reading a signature costs ~80 us; the adapter
+# calls these on every operation, so the form is read once per callable and reused.
+_FORMS: "weakref.WeakKeyDictionary[Any, _Form]" = weakref.WeakKeyDictionary()
+
+
+def form(fn: Callable) -> _Form:
+    """``fn``'s call form, read on the first call and bound for every later one."""
+    key = getattr(fn, "__func__", fn)
+    try:
+        return _FORMS[key]
+    except KeyError:
+        f = _FORMS[key] = _Form(fn)
+        return f
+    except TypeError:  # not weak-referenceable (a builtin): read it each time
+        return _Form(fn)
+
+
 def call(fn: Callable, what: str, values: dict[str, Any]) -> Any:
     """``fn(**values)``, passing only the names ``fn`` takes; a required parameter
     kvspec has no value for is a TargetError naming it."""
-    ps = params(fn)
-    missing = [n for n, p in ps.items() if p.default is p.empty and n not in values
-               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    f = form(fn)
+    missing = [n for n in f.required if n not in values]
     if missing:
         raise TargetError(f"vllm: {what} takes {', '.join(missing)}, which the vllm adapter cannot supply")
-    return fn(**{n: v for n, v in values.items() if n in ps})
+    takes = f.takes
+    return fn(**{n: v for n, v in values.items() if n in takes})
+
+
+def bind(fn: Callable, what: str, fixed: dict[str, Any], varying: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """``fn`` with its call form resolved now, once: ``fixed`` filtered to the names it
+    takes, and a required parameter that neither ``fixed`` nor ``varying`` supplies is a
+    TargetError here, at load, not on the first call. The result takes the ``varying``
+    names as keywords (those ``fn`` does not take are dropped) and nothing else."""
+    f = form(fn)
+    missing = [n for n in f.required if n not in fixed and n not in varying]
+    if missing:
+        raise TargetError(f"vllm: {what} takes {', '.join(missing)}, which the vllm adapter cannot supply")
+    keep = {n: v for n, v in fixed.items() if n in f.takes}
+    drop = frozenset(n for n in varying if n not in f.takes)
+    if not drop:
+        return lambda **kw: fn(**keep, **kw)
+    return lambda **kw: fn(**keep, **{n: v for n, v in kw.items() if n not in drop})
 
 
 def optional_module(name: str) -> Optional[ModuleType]:
@@ -89,6 +137,7 @@ class Api:
             # is a fixed seed, so hashes (and pool-level labels) are stable across processes.
             self.utils.init_none_hash(self.hash_fn)
         self._hash_takes_fn = next(iter(params(self.utils.hash_block_tokens))) in ("hash_function", "hash_fn")
+        self._make_request: Optional[Callable[..., Any]] = None
 
     def hash_block_tokens(self, parent: Any, tokens: list[int], extra: tuple) -> Any:
         args = ([self.hash_fn] if self._hash_takes_fn else []) + [parent, tokens, extra]
@@ -101,11 +150,14 @@ class Api:
         return None if make is None else make(block_size, self.hash_fn)
 
     def new_request(self, rid: str, tokens, block_hasher: Optional[Callable] = None) -> Any:
-        return call(self.request.Request, "Request()", {
-            "request_id": rid, "prompt_token_ids": list(tokens), "sampling_params": self.sampling,
-            "prompt": None, "multi_modal_inputs": None, "multi_modal_kwargs": None, "multi_modal_hashes": None,
-            "multi_modal_placeholders": None, "mm_features": None, "pooling_params": None,
-            "eos_token_id": None, "arrival_time": 0.0, "lora_request": None, "block_hasher": block_hasher})
+        make = self._make_request
+        if make is None:  # the Request's call form, resolved on first use and kept
+            make = self._make_request = bind(self.request.Request, "Request()", {
+                "sampling_params": self.sampling, "prompt": None, "multi_modal_inputs": None,
+                "multi_modal_kwargs": None, "multi_modal_hashes": None, "multi_modal_placeholders": None,
+                "mm_features": None, "pooling_params": None, "eos_token_id": None, "arrival_time": 0.0,
+                "lora_request": None}, ("request_id", "prompt_token_ids", "block_hasher"))
+        return make(request_id=rid, prompt_token_ids=list(tokens), block_hasher=block_hasher)
 
     def kv_cache_config(self, num_blocks: int, block_size: int) -> Any:
         import torch  # already imported by vLLM; only the spec's dtype needs it
@@ -161,13 +213,19 @@ def pool_api(cls: type) -> tuple[bool, bool, bool]:
             ann.startswith("tuple") or ann.startswith("typing.Tuple"))
 
 
-def cache_full_blocks(up: Api, pool: Any, req: Any, blocks: list, hashes: list, block_size: int) -> None:
-    if not pool_api(type(pool))[0]:
-        req.block_hashes = hashes  # the releases whose Request carries its own hashes
-    call(pool.cache_full_blocks, "BlockPool.cache_full_blocks()", {
-        "request": req, "blocks": blocks, "block_hashes": list(hashes), "num_cached_blocks": 0,
-        "num_full_blocks": len(blocks), "block_size": block_size, "kv_cache_group_id": GROUP,
-        "hash_fn": up.hash_fn})
+def cache_full_blocks_call(up: Api, pool: Any, block_size: int) -> Callable[[Any, list, list], None]:
+    """``pool.cache_full_blocks`` for the first ``len(blocks)`` blocks of a request under
+    ``hashes``, its call form resolved once (the releases differ in what they take)."""
+    hashes_as_argument = pool_api(type(pool))[0]
+    fn = bind(pool.cache_full_blocks, "BlockPool.cache_full_blocks()", {
+        "num_cached_blocks": 0, "block_size": block_size, "kv_cache_group_id": GROUP, "hash_fn": up.hash_fn},
+        ("request", "blocks", "block_hashes", "num_full_blocks"))
+
+    def cache(req: Any, blocks: list, hashes: list) -> None:
+        if not hashes_as_argument:
+            req.block_hashes = hashes  # the releases whose Request carries its own hashes
+        fn(request=req, blocks=blocks, block_hashes=list(hashes), num_full_blocks=len(blocks))
+    return cache
 
 
 def lookup(pool: Any, block_hash: Any) -> Optional[int]:

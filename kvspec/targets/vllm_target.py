@@ -41,6 +41,7 @@ class Upstream(compat.Api):
     def __init__(self, mods) -> None:
         super().__init__(mods)
         self._labels: dict[tuple[str, int], Any] = {}
+        self._label_blocks: dict[tuple[str, int], tuple[int, ...]] = {}
 
     def label_hash(self, label: str, block_size: int) -> Any:
         """The real upstream hash standing for a pool-level label: the first-block hash
@@ -48,9 +49,18 @@ class Upstream(compat.Api):
         label also goes in as an extra key, because the truncated tokens alone collide
         ("c1" and "c12" at two tokens per block)."""
         key = (label, block_size)
-        if key not in self._labels:
-            self._labels[key] = self.hash_block_tokens(None, label_tokens(label, block_size), (label,))
-        return self._labels[key]
+        h = self._labels.get(key)
+        if h is None:
+            h = self._labels[key] = self.hash_block_tokens(None, self.label_block(label, block_size), (label,))
+        return h
+
+    def label_block(self, label: str, block_size: int) -> tuple[int, ...]:
+        """``label_tokens``, remembered: every Cache of a label asks for it again."""
+        key = (label, block_size)
+        t = self._label_blocks.get(key)
+        if t is None:
+            t = self._label_blocks[key] = tuple(label_tokens(label, block_size))
+        return t
 
 
 def label_tokens(label: str, block_size: int) -> list[int]:
@@ -64,6 +74,7 @@ class VllmPoolDriver(V1PoolDriver):
         self.bs = config.block_size
         self.caching = config.caching
         self.pool = compat.new_pool(up.block_pool.BlockPool, config.num_blocks, config.caching, config.block_size)
+        self._cache_call: Optional[Any] = None
 
     def apply(self, op: Op) -> Any:
         if isinstance(op, Touch):  # one list, or one list per KV-cache group, by release
@@ -73,10 +84,13 @@ class VllmPoolDriver(V1PoolDriver):
     def _cache(self, ids, labels) -> None:
         if not self.caching:
             return  # vLLM's callers never cache with prefix caching off (no-prefix-cache coordinator)
-        hashes = [self.up.label_hash(h, self.bs) for h in labels]
-        req = self.up.new_request("kvspec-pool", [t for h in labels for t in label_tokens(h, self.bs)])
+        if self._cache_call is None:
+            self._cache_call = compat.cache_full_blocks_call(self.up, self.pool, self.bs)
+        up, bs = self.up, self.bs
+        hashes = [up.label_hash(h, bs) for h in labels]
+        req = up.new_request("kvspec-pool", [t for h in labels for t in up.label_block(h, bs)])
         # the labels' hashes, not the prompt's chained ones: that is the mapping
-        compat.cache_full_blocks(self.up, self.pool, req, self._blocks(ids), hashes, self.bs)
+        self._cache_call(req, self._blocks(ids), hashes)
 
     def _lookup(self, label: str) -> Any:
         return compat.lookup(self.pool, self.up.label_hash(label, self.bs))
