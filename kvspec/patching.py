@@ -143,7 +143,7 @@ def _git_pair(rest: str) -> list[str]:
 def _check_mode(what: str, mode: str, path: str) -> None:
     if mode not in REGULAR_MODES:
         kind = _MODE_NAMES.get(mode, f"file mode {mode}")
-        raise PatchError(f"{path}: '{what} {mode}' ({kind}) cannot be honoured: kvspec applies text changes "
+        raise PatchError(f"{path}: '{what} {mode}' ({kind}) is refused: kvspec applies text changes "
                          f"to regular files only")
 
 
