@@ -28,7 +28,11 @@ from typing import Callable, Optional, Sequence
 
 EXIT_ENDED = 2  # a run whose process vanished: an error, as a target error is
 IN_PROCESS_ENV = "KVSPEC_IN_PROCESS"
-_FORWARDED = (signal.SIGTERM, signal.SIGHUP)  # SIGINT reaches the child from the terminal itself
+# The child has a process group of its own, so a signal meant for kvspec (Ctrl-C at the
+# terminal, ``kill -INT PID``, a CI runner's SIGTERM) reaches the parent alone, and the
+# parent passes it on once to the child's group (as the terminal would have, workers
+# included). Had the child stayed in the terminal's group, a Ctrl-C would reach it twice.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT)
 
 
 def _die_with_parent() -> None:
@@ -76,6 +80,7 @@ def run_guarded(command: Callable[[], int], argv: Sequence[str],
     pid = os.fork()
     if pid == 0:  # the child: run the command, then say it finished
         os.close(r)
+        _own_group(0)
         _die_with_parent()
         if out is not None:
             os.dup2(out.fileno(), 1)
@@ -92,18 +97,33 @@ def run_guarded(command: Callable[[], int], argv: Sequence[str],
         os.close(w)
         return code  # the child leaves as the command line would (exit handlers run)
     os.close(w)
+    _own_group(pid)  # both sides set it: whichever runs first, no signal finds it unset
     return _parent(pid, r, out, argv, report)
+
+
+def _own_group(pid: int) -> None:
+    try:
+        os.setpgid(pid, pid)
+    except OSError:  # the child already did it, or already left
+        pass
 
 
 def _parent(pid: int, r: int, out, argv: Sequence[str], report: Callable[[str, Sequence[str]], int]) -> int:
     def forward(signum, frame):
         try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+            os.killpg(pid, signum)
+        except OSError:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    def suspend(signum, frame):  # Ctrl-Z: stop the child's group too, then this process
+        forward(signal.SIGTSTP, frame)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     saved = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    saved[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the child reports a Ctrl-C
+    saved[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
     try:
         _, status = os.waitpid(pid, 0)
     finally:
