@@ -77,8 +77,32 @@ def run_guarded(command: Callable[[], int], argv: Sequence[str],
     r, w = os.pipe()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    child: list[int] = []  # set once forked: a signal before that is passed on after
+    pending: list[int] = []
+
+    def forward(signum, frame):
+        if not child:
+            pending.append(signum)
+            return
+        try:
+            os.killpg(child[0], signum)
+        except OSError:
+            try:
+                os.kill(child[0], signum)
+            except OSError:
+                pass
+
+    def suspend(signum, frame):  # Ctrl-Z: stop the child's group too, then this process
+        forward(signal.SIGTSTP, frame)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    # Set before the fork, so that no signal finds the parent without them.
+    saved = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    saved[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
     pid = os.fork()
     if pid == 0:  # the child: run the command, then say it finished
+        for sig, old in saved.items():
+            signal.signal(sig, old)
         os.close(r)
         _own_group(0)
         _die_with_parent()
@@ -98,7 +122,15 @@ def run_guarded(command: Callable[[], int], argv: Sequence[str],
         return code  # the child leaves as the command line would (exit handlers run)
     os.close(w)
     _own_group(pid)  # both sides set it: whichever runs first, no signal finds it unset
-    return _parent(pid, r, out, argv, report)
+    child.append(pid)
+    for signum in pending:
+        forward(signum, None)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+    return _outcome(pid, status, r, out, argv, report)
 
 
 def _own_group(pid: int) -> None:
@@ -108,27 +140,8 @@ def _own_group(pid: int) -> None:
         pass
 
 
-def _parent(pid: int, r: int, out, argv: Sequence[str], report: Callable[[str, Sequence[str]], int]) -> int:
-    def forward(signum, frame):
-        try:
-            os.killpg(pid, signum)
-        except OSError:
-            try:
-                os.kill(pid, signum)
-            except OSError:
-                pass
-
-    def suspend(signum, frame):  # Ctrl-Z: stop the child's group too, then this process
-        forward(signal.SIGTSTP, frame)
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-    saved = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    saved[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, suspend)
-    try:
-        _, status = os.waitpid(pid, 0)
-    finally:
-        for sig, old in saved.items():
-            signal.signal(sig, old)
+def _outcome(pid: int, status: int, r: int, out, argv: Sequence[str],
+             report: Callable[[str, Sequence[str]], int]) -> int:
     # Read only now, without blocking: a worker the child forked may still hold the pipe open.
     os.set_blocking(r, False)
     said = b""
