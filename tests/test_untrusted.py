@@ -206,3 +206,18 @@ def test_write_atomic_leaves_the_old_file_when_writing_fails(tmp_path):
             raise RuntimeError("the writer failed half-way")
     assert f.read_text() == '{"old": 1}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_a_plain_git_diff_is_still_accepted():
+    """No false refusal: git's headers (index, an executable-bit change, a quoted name)
+    and a ``diff -u x.orig x`` pair of names parse to the file they change."""
+    from kvspec.patching import parse_unified_diff
+
+    git = ("diff --git a/impl/block_pool.py b/impl/block_pool.py\nold mode 100644\nnew mode 100755\n"
+           "index 1111111..2222222\n--- a/impl/block_pool.py\n+++ b/impl/block_pool.py\n@@ -1 +1 @@\n-a\n+b\n"
+           'diff --git "a/impl/with space.py" "b/impl/with space.py"\nnew file mode 100644\n'
+           '--- /dev/null\n+++ "b/impl/with space.py"\n@@ -0,0 +1 @@\n+x = 1\n')
+    assert [(f.path, f.new_file) for f in parse_unified_diff(git)] == [("impl/block_pool.py", False),
+                                                                       ("impl/with space.py", True)]
+    plain = "--- impl/block_pool.py.orig\t2026-01-01\n+++ impl/block_pool.py\t2026-01-01\n@@ -1 +1 @@\n-a\n+b\n"
+    assert [f.path for f in parse_unified_diff(plain)] == ["impl/block_pool.py"]
