@@ -251,7 +251,18 @@ def _error(message: str, argv: Sequence[str]) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The command line. Run as ``kvspec`` / ``python -m kvspec`` (``argv`` None), the
+    command runs in a forked child (``kvspec.guard``): a run the code under test ends
+    (``os._exit``, a signal) exits 2 with one line, never 0. ``main(argv)`` called from
+    Python runs in the calling process."""
+    if argv is None:
+        from kvspec.guard import run_guarded
+        line = list(sys.argv[1:])
+        return run_guarded(lambda: _main(line), line, _error)
+    return _main(list(argv))
+
+
+def _main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
         return _dispatch(args)

@@ -44,9 +44,54 @@ def files(tmp_path_factory) -> dict[str, str]:
     (d / "nojobs.toml").write_text("[campaign]\nname = 'x'\n")
     (d / "nondet.toml").write_text("[[matrix]]\ncommand = 'check'\nseed = [0, 1]\n")
     (d / "badkey.toml").write_text("[[matrix]]\ncommand = 'mc'\nbudget = 'nan'\n")
+    hostile = hostile_diffs(d)
     return {k: str(d / k) for k in ("binary.bin", "syntax.py", "badtraits.py", "good.py", "raises.py",
                                    "garbage.diff", "empty.diff", "afile", "nojobs.toml", "nondet.toml",
-                                   "badkey.toml")} | {"dir": str(d)}
+                                   "badkey.toml")} | {"dir": str(d)} | hostile
+
+
+# Issue 32: diffs whose paths leave the tree. Each names a file under ``outside/`` of the
+# test's directory (absolute, or reached through '..' from wherever kvspec's copy lies);
+# no run may ever create it.
+def _sentinel(d: Path, name: str) -> str:
+    return str(d / "outside" / name)
+
+
+def _new_file(path: str, body: str = "x = 1") -> str:
+    return f"--- /dev/null\n+++ {path}\n@@ -0,0 +1 @@\n+{body}\n"
+
+
+def hostile_diffs(d: Path) -> dict[str, str]:
+    up = "../" * 40  # from any copy's depth back to /, then down to the sentinel
+    texts = {
+        "abs.diff": _new_file(_sentinel(d, "abs.py")),
+        "abs_b.diff": _new_file("b/" + _sentinel(d, "abs_b.py")),
+        "dotdot_impl.diff": _new_file("b/impl/" + up + _sentinel(d, "dotdot_impl.py").lstrip("/")),
+        "dotdot_vllm.diff": _new_file("b/vllm/" + up + _sentinel(d, "dotdot_vllm.py").lstrip("/")),
+        "dotdot_quoted.diff": _new_file('"b/impl/\\056\\056/' + up + _sentinel(d, "dotdot_q.py").lstrip("/") + '"'),
+        "gitdotdot.diff": ("diff --git a/impl/" + up + _sentinel(d, "gitdotdot.py").lstrip("/") + " b/impl/" + up
+                           + _sentinel(d, "gitdotdot.py").lstrip("/") + "\nnew file mode 100644\n"
+                           + _new_file("b/impl/" + up + _sentinel(d, "gitdotdot.py").lstrip("/"))),
+        "symlink.diff": ("diff --git a/impl/evil.py b/impl/evil.py\nnew file mode 120000\nindex 0000000..1111111\n"
+                         + _new_file("b/impl/evil.py", _sentinel(d, "symlink.py")) + "\\ No newline at end of file\n"),
+        "mode.diff": ("diff --git a/impl/block_pool.py b/impl/block_pool.py\nold mode 100644\nnew mode 120000\n"
+                      "index 1111111..2222222\n--- a/impl/block_pool.py\n+++ b/impl/block_pool.py\n"
+                      "@@ -1 +1 @@\n-x\n+" + _sentinel(d, "mode.py") + "\n"),
+        "gitbinary.diff": ("diff --git a/impl/blob.bin b/impl/blob.bin\nnew file mode 100644\n"
+                           "index 0000000..1111111\nGIT binary patch\nliteral 3\nKcmZ?wU;qFB0RR91\n\n"
+                           "literal 0\nHcmV?d00001\n\n"),
+        "binfiles.diff": ("diff --git a/impl/blob.bin b/impl/blob.bin\nindex 1111111..2222222 100644\n"
+                          "Binary files a/impl/blob.bin and b/impl/blob.bin differ\n"),
+        "rename.diff": ("diff --git a/impl/block_pool.py b/outside.py\nsimilarity index 100%\n"
+                        "rename from impl/block_pool.py\nrename to outside.py\n"),
+    }
+    for name, text in texts.items():
+        (d / name).write_text(text)
+    return {name: str(d / name) for name in texts}
+
+
+HOSTILE = ("abs.diff", "abs_b.diff", "dotdot_impl.diff", "dotdot_vllm.diff", "dotdot_quoted.diff", "gitdotdot.diff",
+           "symlink.diff", "mode.diff", "gitbinary.diff", "binfiles.diff", "rename.diff")
 
 
 NUMBERS = ["nan", "NaN", "inf", "-inf", "-1", "0", "1", "2", "1e309", "abc", "", "0x10", "1.5", "-0"]
@@ -64,7 +109,7 @@ def _targets(f: dict) -> list[str]:
 
 def _patches(f: dict) -> list[str]:
     return [str(CORPUS / "no_evict.diff"), f["binary.bin"], f["garbage.diff"], f["empty.diff"], f["dir"],
-            "/no/such.diff", f["syntax.py"]]
+            "/no/such.diff", f["syntax.py"]] + [f[h] for h in HOSTILE]
 
 
 def grammar(f: dict) -> dict[str, dict[str, list]]:
@@ -176,6 +221,12 @@ def check_run(argv: list[str]) -> None:
     rc, out, err = run(argv)
     said = f"argv {argv}: exit {rc}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
     assert rc in (0, 1, 2), said
+    hostile = [a for a in argv if a.endswith(HOSTILE)]
+    if hostile:  # a hostile diff is refused with one line, and nothing lands outside the copy
+        outside = Path(hostile[0]).parent / "outside"
+        assert not (outside.exists() and any(outside.iterdir())), said
+        if argv[0] in ("check", "mc", "diff") and "--help" not in argv:
+            assert rc == 2, said
     assert "Traceback" not in out + err, said
     assert "internal error" not in out + err, said
     if NONFINITE & set(argv):  # NaN or infinity where a count or a time is due: refused, never a verdict
@@ -204,6 +255,26 @@ KNOWN = [  # the inputs of issue 22, first: each once crashed, hung or passed by
     ["campaign", "{binary.bin}", "--address", "nope:1"],
     ["campaign", "--json"],
 ]
+
+
+HOSTILE_RUNS = [[command, "--target", target, "--patch", "{" + diff + "}"] + extra
+                for command, extra in (("check", ["--max-examples", "1"]), ("mc", ["--depth", "1"]))
+                for target in ("impl", "vllm", "nanovllm", "sglang", "{good.py}:T")
+                for diff in HOSTILE] + [["diff", "--patch", "{" + diff + "}"] for diff in HOSTILE]
+
+
+@pytest.mark.parametrize("argv", HOSTILE_RUNS, ids=" ".join)
+def test_hostile_diffs_are_refused_with_one_line_and_nothing_written(argv, files, bounded):
+    for name, path in files.items():
+        argv = [x.replace("{" + name + "}", path) for x in argv]
+    for j in ([], ["--json"]):
+        rc, out, err = run(argv + j)
+        said = f"argv {argv + j}: exit {rc}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+        assert rc == 2, said
+        assert len(err.strip().splitlines()) == 1 and "refused" in err, said
+        assert not (Path(files["dir"]) / "outside").exists(), said
+        if j:
+            assert json.loads(out)["verdict"] == "error", said
 
 
 @pytest.mark.parametrize("argv", KNOWN, ids=" ".join)

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Optional
 
+from kvspec.atomic_write import write_atomic
 from kvspec.campaign.findings import dedup
 
 # campaign.json is the matrix's manifest (store.py); the report's JSON is campaign-report.json
@@ -124,7 +125,7 @@ def write(s: dict, records: list[dict], directory: str | Path) -> list[str]:
             png = str(ttf_per_bug(rows, d / NAMES["png"], title=f"campaign {s['campaign']}: time to failure"))
         except Exception as e:  # matplotlib missing or broken: the report stands without its figure
             s.setdefault("warnings", []).append(f"figure not drawn: {type(e).__name__}: {e}")
-    (d / NAMES["json"]).write_text(json.dumps(s, indent=1, default=str) + "\n")
-    (d / NAMES["md"]).write_text(markdown(s, png))
-    (d / NAMES["junit"]).write_bytes(junit(s))
+    write_atomic(d / NAMES["json"], json.dumps(s, indent=1, default=str) + "\n")
+    write_atomic(d / NAMES["md"], markdown(s, png))
+    write_atomic(d / NAMES["junit"], junit(s))
     return [str(d / NAMES[k]) for k in ("md", "json", "junit")] + ([png] if png else [])

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from kvspec.atomic_write import write_atomic
 from kvspec.errors import UsageError
 
 ANSWERS = ("pass", "violation", "fail")  # a job that gave one of these is done
@@ -64,18 +65,16 @@ class ResultStore:
             d = self.dir / "repros" / record["id"]
             d.mkdir(parents=True, exist_ok=True)
             for name, text in repros.items():
-                (d / Path(name).name).write_text(text)
+                write_atomic(d / Path(name).name, text)
             record["repro_files"] = [str(d / Path(n).name) for n in sorted(repros)]
             _repoint(record.get("result"), {Path(n).name: str(d / Path(n).name) for n in repros})
         record["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        tmp = self.path(record["id"]).with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, indent=1, default=str) + "\n")
-        os.replace(tmp, self.path(record["id"]))
+        write_atomic(self.path(record["id"]), json.dumps(record, indent=1, default=str) + "\n")
         with open(self.dir / "finished.log", "a") as f:
             f.write(f"{record['id']} {record['verdict']}\n")
 
     def write_manifest(self, manifest: dict) -> None:
-        (self.dir / "campaign.json").write_text(json.dumps(manifest, indent=1, default=str) + "\n")
+        write_atomic(self.dir / "campaign.json", json.dumps(manifest, indent=1, default=str) + "\n")
 
     def finished_counts(self) -> dict[str, int]:
         """job id -> how many times a record of it was written (the cluster test reads it)."""

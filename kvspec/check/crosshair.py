@@ -292,7 +292,7 @@ def _differences(stdout: str) -> list[str]:
 
 def diff_patch(patch_path: str, per_condition_timeout: float = 10.0) -> dict:
     """Run the comparison for one impl patch; returns the JSON object of ``kvspec diff``."""
-    from kvspec.patching import apply_unified_diff, parse_unified_diff
+    from kvspec.patching import apply_unified_diff, parse_unified_diff, read_inside
     from kvspec.targets.impl_target import ImplTarget
     from kvspec.targets.patched import _tmp_dir, import_patched_copy, read_patch
 
@@ -300,11 +300,10 @@ def diff_patch(patch_path: str, per_condition_timeout: float = 10.0) -> dict:
     text = read_patch(patch_path)
     pkg = ImplTarget.package_dir()
 
-    def read(rel: str) -> str:
-        f = pkg / rel[len("impl/"):]
-        if not rel.startswith("impl/") or not f.is_file():
+    def read(rel: str) -> str:  # paths validated by parse_unified_diff; never through a link out of impl
+        if not rel.startswith("impl/"):
             raise FileNotFoundError(rel)
-        return f.read_text()
+        return read_inside(pkg, rel[len("impl/"):])
 
     files = parse_unified_diff(text)
     patched_texts = apply_unified_diff(text, read)  # PatchError names file and hunk

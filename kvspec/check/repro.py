@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
+from kvspec.atomic_write import write_atomic
 from kvspec.spec.config import Config
 from kvspec.spec.invariants import title
 from kvspec.spec.model import model_for
@@ -119,5 +120,5 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     else:
         w('    env = os.environ.get("KVSPEC_PATCH")')
         w(f'    replay(TARGET, CONFIG, STEPS, patch=None if env in (None, "", "none") else env{more})')
-    path.write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")
     return path

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Optional
+from kvspec.atomic_write import replacing, write_atomic
 from kvspec.corpus.runner import THRESHOLDS
 from kvspec.corpus.stats import _median
 
@@ -61,12 +62,12 @@ def render_reports(doc: dict, report_dir: str) -> list[str]:
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
     doc["targets"] = dict(sorted(doc["targets"].items(), key=lambda kv: _target_key(kv[0])))
-    (d / REPORT_JSON).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    write_atomic(d / REPORT_JSON, json.dumps(doc, indent=1, default=str) + "\n")
     written = [str(d / REPORT_JSON)]
     png = _figure(doc, d / REPORT_PNG)
     if png:
         written.append(png)
-    (d / REPORT_MD).write_text(markdown(doc, REPORT_PNG if png else None))
+    write_atomic(d / REPORT_MD, markdown(doc, REPORT_PNG if png else None))
     written.append(str(d / REPORT_MD))
     return written
 
@@ -307,7 +308,8 @@ def _figure(doc: dict, path: Path) -> Optional[str]:
                      f"(red safety, blue policy, purple rare input; | median)", fontsize=8)
     axes[-1].set_xlabel("seconds to first failure (log scale; x = not found within the timeout)", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    with replacing(path) as tmp:
+        fig.savefig(tmp, format="png")
     return str(path)
 
 

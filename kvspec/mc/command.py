@@ -28,6 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from kvspec.atomic_write import write_atomic
 from kvspec.spec.config import Config
 from kvspec.mc.enumerate_ops import Bounds
 from kvspec.spec.invariants import title
@@ -166,7 +167,7 @@ def cmd_mc(a: argparse.Namespace) -> int:
         d = Path(a.report_dir)
         try:
             d.mkdir(parents=True, exist_ok=True)
-            (d / "kvspec-mc.json").write_text(json.dumps(out, indent=1, default=str) + "\n")
+            write_atomic(d / "kvspec-mc.json", json.dumps(out, indent=1, default=str) + "\n")
         except OSError as e:
             _warn_unwritable(str(d / "kvspec-mc.json"), e)
     if r.verdict == "violation":

@@ -25,6 +25,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from kvspec.atomic_write import replacing
+
 Row = Mapping[str, Any]
 
 
@@ -41,7 +43,8 @@ def _save(fig, path: str | Path) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(p, format="png")
+    with replacing(p) as tmp:
+        fig.savefig(tmp, format="png")
     return p
 
 

@@ -19,6 +19,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from kvspec.atomic_write import write_atomic
 from kvspec.spec.invariants import CATALOGUE, title
 
 JSON_NAME = "kvspec-check.json"
@@ -37,10 +38,10 @@ def write_check_reports(report, directory: str, target: Any = None) -> list[Path
     d.mkdir(parents=True, exist_ok=True)
     data = report.to_dict()
     paths = [d / JSON_NAME, d / MD_NAME, d / JUNIT_NAME]
-    paths[0].write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_atomic(paths[0], json.dumps(data, indent=1, default=str) + "\n")
     views = [step_view(_target(report, target), f) for f in report.violations + report.robustness]
-    paths[1].write_text(check_markdown(report, views, d))
-    paths[2].write_bytes(check_junit(report))
+    write_atomic(paths[1], check_markdown(report, views, d))
+    write_atomic(paths[2], check_junit(report))
     return paths
 
 

@@ -14,7 +14,7 @@ import types
 from pathlib import Path
 from typing import Iterator, Mapping, Optional, Sequence as Seq
 
-from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff, read_inside, write_inside
 from kvspec.targets.base import TargetError
 from kvspec.targets.stub_import import package_dir as _package_dir
 from kvspec.targets.stub_import import stand_ins, stubbed
@@ -75,24 +75,11 @@ def patched_files(root: Path, prefix: str, diff_text: str, alias: str) -> dict[s
     the files it names; return repository path -> patched copy in kvspec's temp dir."""
     from kvspec.targets.patched import _tmp_dir
 
-    for fp in parse_unified_diff(diff_text):
-        if not fp.path.startswith(prefix):
-            raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to {root})")
-
-    def read(rel: str) -> str:
-        f = root / rel
-        if not f.is_file():
-            raise FileNotFoundError(rel)
-        return f.read_text()
-
+    top = prefix.strip("/") if prefix.endswith("/") else ""  # a prefix "mod.py" names one file under root
+    tree, strip = (root / top, len(top) + 1) if top else (root, 0)
+    texts = apply_unified_diff(diff_text, lambda rel: read_inside(tree, rel[strip:]), under=prefix, where=str(root))
     dest = _tmp_dir() / f"{alias}_{hashlib.sha1(diff_text.encode()).hexdigest()[:10]}"
-    out = {}
-    for rel, text in apply_unified_diff(diff_text, read).items():
-        f = dest / rel
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(text)
-        out[rel] = f
-    return out
+    return {rel: write_inside(dest, rel, text) for rel, text in texts.items()}
 
 
 def module_name(rel: str) -> str:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff, read_inside, write_inside
 
 _tmp: Path | None = None
 
@@ -48,8 +48,10 @@ def remove_tmp_dir() -> None:
 
 
 def read_patch(path: str) -> str:
-    """The text of a diff file; anything that is not a readable UTF-8 text file (a
-    directory, a binary file, a missing one) is a one-line PatchError."""
+    """The text of a diff file, validated (``kvspec.patching``: no absolute or ``..``
+    path, no binary patch, link or mode kvspec cannot honour); anything that is not a
+    readable UTF-8 text file (a directory, a binary file, a missing one) or a safe diff
+    is a one-line PatchError, raised before anything is written."""
     try:
         data = Path(path).read_bytes()
     except OSError as e:
@@ -57,33 +59,36 @@ def read_patch(path: str) -> str:
     if b"\0" in data:
         raise PatchError(f"patch {path} is a binary file, not a unified diff")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PatchError(f"patch {path} is not UTF-8 text (byte {e.start}): not a unified diff") from None
+    parse_unified_diff(text)
+    return text
 
 
 def import_patched_copy(package_dir: Path, repo_prefix: str, diff_text: str, alias_stem: str) -> ModuleType:
     """Copy ``package_dir`` (which lives at ``repo_prefix`` in its repository), apply
-    ``diff_text`` to the copy and import it as a new top-level package."""
+    ``diff_text`` to the copy and import it as a new top-level package.
+
+    The diff is validated and applied in memory first (every path under
+    ``repo_prefix``, no link out of the package read), then the copy is made in
+    kvspec's private temporary directory and written only through ``write_inside``;
+    a refusal removes the copy again."""
     prefix = repo_prefix.rstrip("/") + "/"
-    for fp in parse_unified_diff(diff_text):
-        if not fp.path.startswith(prefix):
-            raise PatchError(f"{fp.path}: not under {prefix} (diff paths are relative to the repository root)")
     alias = f"_kvspec_{alias_stem}_{hashlib.sha1(diff_text.encode()).hexdigest()[:10]}"
     if alias in sys.modules:
         return sys.modules[alias]
+    texts = apply_unified_diff(diff_text, lambda rel: read_inside(package_dir, rel[len(prefix):]), under=prefix)
     dest = _tmp_dir() / alias
     if not dest.exists():
-        shutil.copytree(package_dir, dest, ignore=shutil.ignore_patterns("__pycache__"))
-
-        def read(rel: str) -> str:
-            f = package_dir / rel[len(prefix):]
-            if not f.is_file():
-                raise FileNotFoundError(rel)
-            return f.read_text()
-
-        for rel, text in apply_unified_diff(diff_text, read).items():
-            (dest / rel[len(prefix):]).write_text(text)
+        try:
+            # Links are copied as links, so that write_inside sees (and refuses) them.
+            shutil.copytree(package_dir, dest, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+            for rel, text in texts.items():
+                write_inside(dest, rel[len(prefix):], text)
+        except BaseException:
+            shutil.rmtree(dest, True)
+            raise
     spec = importlib.util.spec_from_file_location(alias, dest / "__init__.py", submodule_search_locations=[str(dest)])
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)

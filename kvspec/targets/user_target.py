@@ -95,7 +95,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any, Callable, Optional
 
 from kvspec.spec.config import Config
-from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff, write_inside
 from kvspec.targets.base import Driver, Target, TargetError, Traits
 from kvspec.targets.nano_loader import import_overlay, module_name, patched_files
 from kvspec.targets.nano_loader import import_module_light, stub_parents
@@ -171,10 +171,8 @@ def _patched_file(spec: str, path: Path, patch_text: str) -> Path:
         return path.read_text()
 
     texts = apply_unified_diff(patch_text, read)
-    out = _tmp_dir() / _alias(path, patch_text) / path.name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(next(iter(texts.values())) if texts else path.read_text())
-    return out
+    return write_inside(_tmp_dir() / _alias(path, patch_text), path.name,
+                        next(iter(texts.values())) if texts else path.read_text())
 
 
 def _note(line: str) -> None:

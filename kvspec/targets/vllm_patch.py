@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-from kvspec.patching import PatchError, apply_unified_diff
+from kvspec.patching import PatchError, apply_unified_diff, parse_unified_diff, read_inside, write_inside
 from kvspec.targets.patched import _tmp_dir
 
 # What the adapter drives; importing these pulls in the rest of the family.
@@ -107,20 +107,17 @@ def import_vllm(patch_text: Optional[str] = None, extra: tuple[str, ...] = ()) -
     if digest in _loaded:
         return _loaded[digest]
     root = vllm_root()  # finds the package without importing it: a bad diff fails fast
+    for fp in parse_unified_diff(patch_text):  # every path checked before anything is read or written
+        _module_name(fp.path)
 
-    def read(rel: str) -> str:
-        _module_name(rel)
-        f = root / rel
-        if not f.is_file():
-            raise FileNotFoundError(rel)
-        return f.read_text()
+    def read(rel: str) -> str:  # never through a link leading out of the vllm package
+        return read_inside(root / "vllm", rel[len("vllm/"):])
 
+    texts = apply_unified_diff(patch_text, read, under="vllm/", where="vLLM's repository root")
     dest = _tmp_dir() / f"vllm_{digest}"
     files: dict[str, tuple[Path, Path]] = {}
-    for rel, text in apply_unified_diff(patch_text, read).items():
-        out = dest / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+    for rel, text in texts.items():
+        out = write_inside(dest, rel, text)
         files[_module_name(rel)] = (out, root / rel)
 
     _import_entry(extra)  # the originals, loaded before the swap, are what gets restored
