@@ -99,15 +99,19 @@ def test_a_user_package_with_a_link_out_is_refused_end_to_end(tmp_path, monkeypa
 
 
 # -- a target that ends the process -----------------------------------------------------
+# `os._exit(0)` is caught inside the call (watchdog.guarded turns it into a finding);
+# `posix._exit(0)` (the function under os's name) and SIGKILL end the process, which the
+# CLI's child process reports.
 ENDS = {
     "exit0": "os._exit(0)",
+    "bound_exit0": "posix._exit(0)",
     "sigkill": "os.kill(os.getpid(), signal.SIGKILL)",
 }
 
 
 def _ending_target(tmp_path: Path, how: str) -> str:
     f = tmp_path / f"ends_{how}.py"
-    f.write_text("import os\nimport signal\n\nfrom kvspec.impl import KVCacheManager\n\n\n"
+    f.write_text("import os\nimport posix\nimport signal\n\nfrom kvspec.impl import KVCacheManager\n\n\n"
                  "class T(KVCacheManager):\n"
                  "    def allocate_slots(self, *args, **kwargs):\n"
                  f"        {ENDS[how]}\n")
@@ -119,7 +123,7 @@ def _kvspec(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProce
                           timeout=600, env={**os.environ, **env})
 
 
-@pytest.mark.parametrize("how", sorted(ENDS))
+@pytest.mark.parametrize("how", ["bound_exit0", "sigkill"])
 def test_a_target_that_ends_the_process_is_never_a_pass(tmp_path, how):
     target = _ending_target(tmp_path, how)
     args = ["check", "--target", target, "--level", "cache", "--max-examples", "5"]
@@ -127,20 +131,42 @@ def test_a_target_that_ends_the_process_is_never_a_pass(tmp_path, how):
     assert plain.returncode == 2, plain
     lines = plain.stderr.strip().splitlines()
     assert len(lines) == 1 and "ended before it finished" in lines[0], plain.stderr
-    assert ("exit status 0" if how == "exit0" else "SIGKILL") in lines[0], plain.stderr
+    assert ("exit status 0" if how == "bound_exit0" else "SIGKILL") in lines[0], plain.stderr
     as_json = _kvspec(args + ["--json"], tmp_path)
     assert as_json.returncode == 2, as_json
     obj = json.loads(as_json.stdout)  # one JSON object, nothing else
     assert obj["verdict"] == "error" and "ended before it finished" in obj["error"], as_json.stdout
 
 
-def test_without_the_child_process_os_exit_0_would_pass(tmp_path):
-    """The failure the child process prevents, shown: run in-process (KVSPEC_IN_PROCESS=1),
-    the same target makes kvspec exit 0 with nothing on stdout."""
+@pytest.mark.parametrize("in_process", ["0", "1"])
+def test_os_exit_inside_a_target_call_is_a_finding_not_the_end_of_the_run(tmp_path, in_process):
+    """Caught at the call boundary, so it holds in-process too (the pytest plugin's case)."""
     target = _ending_target(tmp_path, "exit0")
+    r = _kvspec(["check", "--target", target, "--level", "cache", "--max-examples", "5", "--json"], tmp_path,
+                KVSPEC_IN_PROCESS=in_process)
+    assert r.returncode == 1, r
+    found = json.loads(r.stdout)["violations"]
+    assert found and found[0]["invariant"] == "NO_CRASH" and "os._exit(0)" in found[0]["message"], r.stdout
+
+
+def test_without_the_child_process_a_bound_os_exit_0_would_pass(tmp_path):
+    """The failure the child process prevents, shown: run in-process (KVSPEC_IN_PROCESS=1),
+    a target calling posix._exit (os._exit's own function) makes kvspec exit 0 with nothing on stdout."""
+    target = _ending_target(tmp_path, "bound_exit0")
     r = _kvspec(["check", "--target", target, "--level", "cache", "--max-examples", "5", "--json"], tmp_path,
                 KVSPEC_IN_PROCESS="1")
     assert r.returncode == 0 and r.stdout == "", r
+
+
+def test_the_pytest_plugin_does_not_pass_a_target_that_calls_os_exit(tmp_path):
+    target = _ending_target(tmp_path, "exit0")
+    (tmp_path / "test_gate.py").write_text(
+        "from kvspec.stateful import machines_for\n\n"
+        f"TestGate = machines_for({target!r}, level='cache', profile='dev')\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_gate.py"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "os._exit(0)" in r.stdout, r.stdout
 
 
 def test_a_completed_run_keeps_its_exit_code_and_json(tmp_path):

@@ -91,6 +91,8 @@ class _Escaped(BaseException):
 
 
 def _escape_words(e: BaseException) -> str:
+    if isinstance(e, watchdog.TargetCalledExit):
+        return f"{e} (kvspec raised SystemExit in its place, so the process lived on)"
     if isinstance(e, SystemExit):
         return f"called sys.exit({e.code!r}) (raised SystemExit)"
     return f"raised {type(e).__name__}{': ' + str(e) if str(e) else ''} (no Ctrl-C reached kvspec)"

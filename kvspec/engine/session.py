@@ -147,6 +147,10 @@ class EngineSession:
         except Exception as ex:  # the engine's own failure on a valid event is a finding
             self.dead = True
             return [Violation("NO_CRASH", f"{op!r} is valid here but the engine raised {type(ex).__name__}: {ex}")]
+        except SystemExit as ex:  # sys.exit() or os._exit() (watchdog.TargetCalledExit) inside the engine
+            self.dead = True
+            what = str(ex) if isinstance(ex, watchdog.TargetCalledExit) else f"called sys.exit({ex.code!r})"
+            return [Violation("NO_CRASH", f"{op!r} is valid here but the engine {what}: it must not end the process")]
         self.last_result = facts
         reported = hasattr(self.engine, "manager_calls")
         before = self._before

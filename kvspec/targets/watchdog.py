@@ -263,14 +263,41 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+class TargetCalledExit(SystemExit):
+    """The target called ``os._exit(code)`` inside a guarded call. Raised in its place,
+    so the process lives and the call is a finding (as ``sys.exit()`` is): an
+    ``os._exit(0)`` must never end kvspec, or a pytest run of it, with status 0."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(code)
+        self.code = code
+
+    def __str__(self) -> str:
+        return f"called os._exit({self.code!r})"
+
+
+def _target_exit(code: Any = 0) -> None:
+    raise TargetCalledExit(code)
+
+
 def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
-    """``fn(*args)``, raising ``OpTimeout`` if it has not returned within ``seconds``.
+    """``fn(*args)`` with ``os._exit`` turned into ``TargetCalledExit`` while it runs,
+    raising ``OpTimeout`` if it has not returned within ``seconds``.
 
     A call that returns, but after its deadline, raises ``OpTimeout`` too, here, where
     the caller gets it (one clock read): the watchdog thread wakes only every few
     milliseconds, so without this a limit shorter than that (``--op-timeout 0.000001``)
     would catch a call or not by chance, and a replay of the same steps could end
     elsewhere. With it, every call longer than the limit is one, every time."""
+    real_exit = os._exit
+    os._exit = _target_exit  # the attribute, as `os._exit(0)` looks it up (a copy taken at import escapes this)
+    try:
+        return _guarded(seconds, fn, args)
+    finally:
+        os._exit = real_exit
+
+
+def _guarded(seconds: Optional[float], fn: Callable, args: tuple) -> Any:
     global _active, _seq
     if not seconds:
         return fn(*args)
