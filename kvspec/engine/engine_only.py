@@ -53,9 +53,11 @@ def engine_only_target(cls: Any, seq_cls: type, spec: str, source: Optional[Path
     except TargetError:
         return None
     calls = [c for c in scheduler_manager_calls(sched) if callable(getattr(cls, c[0], None))]
-    unplayed = [c for c in calls if meaning(cls, c[0], seq_cls).grows]
-    if not unplayed:
-        return None
+    from kvspec.targets.nano_api import NANO_METHODS
+    changing = [c for c in calls if meaning(cls, c[0], seq_cls).mutates]
+    if not any(meaning(cls, c[0], seq_cls).grows for c in changing):
+        return None  # the scheduler allocates nothing through it: not its block manager
+    unplayed = [c for c in changing if c[0] not in NANO_METHODS] or changing
     try:
         target = EngineOnlyNanoTarget(cls, seq_cls, spec, Path(source), make, why)
     except TargetError as e:

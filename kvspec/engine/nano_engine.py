@@ -41,13 +41,13 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from kvspec.engine.nano_load import (SCHEDULER_CONTRACT, EngineParts, check_scheduler,  # noqa: F401
+from kvspec.engine.nano_load import (BATCH_FIELDS, SCHEDULER_CONTRACT, EngineParts, check_scheduler,  # noqa: F401
                                      config_reads, load_file_engine, load_package_engine, scheduler_file,
                                      stand_in_config)
 from kvspec.engine.call_meaning import CACHED_BLOCKS, CACHED_TOKENS, TOKENS, argument_roles, bind, meaning
 from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.engine.recording import RawCall, RecordingManager, leading_published, refuse_uninterpretable
-from kvspec.errors import TargetError
+from kvspec.errors import TargetError, UsageError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 
@@ -104,7 +104,7 @@ class NanoEngineDriver:
                                    Config(level="cache", num_blocks=num_blocks, block_size=block_size,
                                           caching=support != "off"), names=self._observer_names(),
                                    caching_support=support)
-        except TargetError as e:  # one format at every level: the target's name first
+        except (TargetError, UsageError) as e:  # one format at every level: the target's name first
             msg = str(e)
             raise TargetError(msg if msg.startswith("target ") else f"target {parts.name}: {msg}") from None
         self.view.mgr = mgr
@@ -385,7 +385,7 @@ class NanoEngineDriver:
                 self._emit(ManagerCall("admit", r, rc.tokens, new=new, hit=hit, obs=self._obs(rc, r), published=pub))
                 continue
             if m.grows and rc.before:  # a growth (a new block, or room in the last one)
-                if r in granted or (rc.after == rc.before and self.seen.get(r) is not None
+                if r in granted or (r not in late and rc.after == rc.before and self.seen.get(r) is not None
                                     and len(rc.tokens) <= self.seen[r] and r not in extents):
                     if pub > self.published.get(r, 0):
                         self._publish(r, rc, pub)
@@ -525,7 +525,6 @@ def _mark(seq: Any, status: str) -> None:
         seq.status = member
 
 
-BATCH_FIELDS = ("sequences", "seqs", "scheduled", "scheduled_seqs", "batch")
 
 
 def _refusal(answer: Any) -> bool:

@@ -464,8 +464,13 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         seq_cls = _sequence_class(module, cls)
         try:
             base = NanoTarget(cls, seq_cls, spec, make=make, source=source)
-        except TargetError as e:
-            raise TargetError(f"target {spec}: {e}") from None
+        except TargetError as e:  # no generation the cache level drives: its package's scheduler may (i36)
+            from kvspec.engine.engine_only import engine_only_target
+            only = engine_only_target(cls, seq_cls, spec, source, make, str(e))
+            if only is None:
+                raise TargetError(f"target {spec}: {e}") from None
+            only.patch_text = patch_text
+            return only
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
         undriven = undriven_scheduler_calls(base)  # nor does the package's scheduler call what kvspec would not
         if pcls is not cls:

@@ -50,7 +50,8 @@ class BlockManager:
             need = cdiv(seq.num_cached_tokens + num_tokens, self.block_size) - len(seq.block_table)
             return need <= len(self.free_block_ids)
         hits = self._hits(seq)
-        need = cdiv(len(hits) * self.block_size + num_tokens, self.block_size) - len(hits)
+        end = min(len(hits) * self.block_size + num_tokens, len(seq))
+        need = cdiv(end, self.block_size) - len(hits)
         revived = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         return need + revived <= len(self.free_block_ids)
 
