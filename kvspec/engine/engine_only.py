@@ -37,6 +37,13 @@ class EngineOnlyNanoTarget(NanoTarget):
     def check_internals(self) -> None:  # the engine's observer checks them when it is built
         return None
 
+    def driver(self, config: Any) -> Any:
+        """The cache level cannot play this manager: why, and the two ways on."""
+        why = self.why.split(": ", 1)[1] if self.why.startswith("target ") and ": " in self.why else self.why
+        raise TargetError(f"target {self.name}: {why}; declare the names kvspec's calls stand for in "
+                          f"[tool.kvspec.names] (`kvspec api nanovllm`), or let the package's own scheduler drive it "
+                          f"with --level engine")
+
 
 def engine_only_target(cls: Any, seq_cls: type, spec: str, source: Optional[Path],
                        make: Optional[Callable[..., Any]], why: str) -> Optional[NanoTarget]:

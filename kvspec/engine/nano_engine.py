@@ -8,7 +8,10 @@ Loading and the stand-in config: ``kvspec.engine.nano_load``.
 
 Driving. ``arrive`` builds the package's own Sequence (``NanoDriver.new_seq``: its
 constructor by signature, default SamplingParams, the run's block size) with
-``max_tokens`` set, and calls ``add``. ``step`` calls ``schedule()``, reads what it decided
+``max_tokens`` set, and calls ``add``. ``step`` calls ``schedule()`` (whose result may be a
+list of sequences, ``(seqs, is_prefill)`` or an object with a ``.sequences``/``.seqs``/
+``.scheduled`` field: ``nano_load.check_scheduler`` refuses other shapes before the first
+step, ``_batch`` any it meets later), reads what it decided
 (the batch, each sequence's scheduled tokens: ``num_scheduled_tokens`` where the package
 sets it (chunked prefill), else the uncached prompt on a prefill step and one token on a
 decode step; preemptions, from the queues), then plays the model: every scheduled
@@ -22,13 +25,22 @@ one; nano-vllm and its forks have none (their engines cannot abort), so kvspec r
 waiting request from the queue and finishes a running one as the package's own finish
 does (``deallocate``, off ``running``): ``native_abort`` says which.
 
-Manager calls. A recorder stands in front of the scheduler's ``block_manager``, so the
-engine-level session can replay what the scheduler asked through the cache-level model
-(``ManagerCall``): ``allocate`` is an admission (hit: ``num_cached_tokens``), ``may_append``
-a growth by one token, ``deallocate`` a preemption while ``schedule()`` runs and a finish
-otherwise; a refused ``can_allocate`` is a refused admission, and a refused
-``can_append`` is reported only when the scheduler then preempts that sequence (nano-vllm
-asks again after each preemption it makes for it).
+Manager calls. A recording proxy (``kvspec.engine.recording``) stands in front of the
+scheduler's ``block_manager`` and records every public method call, whatever its name, with
+its arguments bound by name. Once the step's decisions are known, each call is read from
+the method's own code (``kvspec.engine.call_meaning``) and what it did to its Sequence's
+table, and replayed through the cache-level model (``ManagerCall``): a call that fills an
+empty table is an admission (its hit: the Sequence's ``num_cached_tokens``, else an argument
+that names cached blocks or tokens), one that adds room to a table a growth (the tokens:
+what the scheduler scheduled for that row; a row given room only in ``postprocess``, after
+the forward pass, is a late growth, and the engine-level SLOTS check reports the row), one
+that empties a table a preemption while ``schedule()`` runs and a finish otherwise, and one
+that makes hashes visible a publication (``published``: the model caches only what the
+engine has published, ``kvspec.engine.follow``). A refused ``can_*`` gate is a refused
+admission (an empty table) or growth; a refused growth is reported only when the scheduler
+then preempts that sequence or keeps it (nano-vllm asks again after each preemption it
+makes for it). A call that changes the manager in any other way (a copy-on-write remap) is
+refused in one line naming it, never a finding.
 
 Observation. ``kvspec.targets.nano_driver.NanoDriver``'s, the cache level's, reading the
 scheduler's real ``block_manager``; a request's ``computed`` is the engine's (the tokens
@@ -55,9 +67,6 @@ NEVER_EOS = -1  # nano-vllm's own "no eos" value; the machines sample tokens >= 
 
 
 # -- the driver --------------------------------------------------------------------------------
-_Recorder = RecordingManager  # the old name (kvspec.engine.recording)
-
-
 class NanoEngineDriver:
     """An EngineDriver (``kvspec.engine.protocol``) over a nano-vllm package's Scheduler."""
 
