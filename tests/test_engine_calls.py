@@ -268,3 +268,23 @@ def test_an_engine_level_load_error_names_its_target(tmp_path):
     parts = load_file_engine(bm)
     with pytest.raises(Exception, match=r"^target "):
         NanoEngineDriver(parts, 5, BS, names=Names({"free_block_ids": "no_such_field"}, "pyproject.toml"))
+
+
+# -- a manager with none of the cache level's calls loads for the engine level -------------------------
+def test_a_manager_only_its_scheduler_drives_goes_to_the_engine_level(tmp_path):
+    """nanomixed has no allocate/may_append: `kvspec check FILE` runs it through its scheduler
+    (with a note), and `--level cache` is one line saying why not and what to do."""
+    import json
+    import subprocess
+
+    spec = f"{MIXED}:BlockManager"
+    base = [sys.executable, "-m", "kvspec", "check", "--target", spec, "--max-examples", "10", "--seed", "0",
+            "--report-dir", str(tmp_path)]
+    r = subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=600)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["levels"] == ["engine"] and report["verdict"] == "pass", r.stdout + r.stderr
+    assert "allocate_and_hash" in r.stderr  # the note names the call only the scheduler knows
+    r = subprocess.run(base + ["--level", "cache"], capture_output=True, text=True, timeout=600)
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert errors[0].startswith("kvspec: error: target ") and "--level engine" in errors[0], errors

@@ -59,7 +59,10 @@ def engine_only_target(cls: Any, seq_cls: type, spec: str, source: Optional[Path
         sched = scheduler_file(Path(source))
     except TargetError:
         return None
-    calls = [c for c in scheduler_manager_calls(sched) if callable(getattr(cls, c[0], None))]
+    every = scheduler_manager_calls(sched)
+    if any(not callable(getattr(cls, c[0], None)) for c in every):
+        return None  # the scheduler calls what this class lacks: it is not the manager that scheduler drives
+    calls = every
     from kvspec.targets.nano_api import NANO_METHODS
     changing = [c for c in calls if meaning(cls, c[0], seq_cls).mutates]
     if not any(meaning(cls, c[0], seq_cls).grows for c in changing):
