@@ -246,8 +246,36 @@ def tied_sizes(cfg: dict[str, Any], defaults: dict[str, Any], values: dict[str, 
 
 
 # -- the scheduler's shape ----------------------------------------------------------------------
-SCHEDULER_CONTRACT = ("add(seq), schedule() -> seqs or (seqs, is_prefill), postprocess(seqs, token_ids[, is_prefill]) "
-                      "or finish(seq), is_finished(); attributes running, waiting, block_manager")
+SCHEDULER_CONTRACT = ("add(seq), schedule() -> seqs, (seqs, is_prefill) or an object with a .sequences/.seqs/.scheduled "
+                      "field, postprocess(seqs or that object, token_ids[, is_prefill]) or finish(seq), is_finished(); "
+                      "attributes running, waiting, block_manager")
+BATCH_FIELDS = ("sequences", "seqs", "scheduled", "scheduled_seqs", "batch")
+
+
+def unreadable_batch(sched: Any) -> str:
+    """Why kvspec could not read a batch out of what ``schedule()`` returns, read from its
+    source before the first step ('' when it can, or cannot tell): a dict, a set or a
+    constant, or an instance of a class of the scheduler's module without a batch field."""
+    fn = getattr(type(sched), "schedule", None)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, OSError, SyntaxError, IndentationError):
+        return ""
+    module = sys.modules.get(type(sched).__module__)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Return) or node.value is None:
+            continue
+        v = node.value
+        if isinstance(v, (ast.Dict, ast.Set, ast.DictComp, ast.SetComp, ast.JoinedStr)) or (
+                isinstance(v, ast.Constant) and v.value is not None):
+            return f"schedule() returns {type(v).__name__.lower()}, not a batch of sequences"
+        if isinstance(v, ast.Call) and isinstance(v.func, ast.Name):
+            cls = getattr(module, v.func.id, None)
+            if isinstance(cls, type) and cls.__module__ == getattr(module, "__name__", None) and not any(
+                    f in getattr(cls, "__annotations__", {}) or hasattr(cls, f) for f in BATCH_FIELDS):
+                return (f"schedule() returns a {cls.__name__}, which has none of the fields kvspec reads a batch "
+                        f"from ({', '.join('.' + f for f in BATCH_FIELDS)})")
+    return ""
 
 
 def check_scheduler(name: str, sched: Any) -> None:
@@ -280,6 +308,9 @@ def check_scheduler(name: str, sched: Any) -> None:
     for attr in ("running", "waiting"):
         if not hasattr(sched, attr):
             problems.append(f"no {attr} queue")
+    shape = unreadable_batch(sched)
+    if shape:
+        problems.append(shape)
     if problems:
         raise TargetError(f"target {name}: its Scheduler does not fit the calls kvspec's engine level makes "
                           f"({'; '.join(problems)}): it drives {SCHEDULER_CONTRACT}")

@@ -66,7 +66,8 @@ class ManagerCall:
     own sequence of allocations and frees, with the target's result and its state right
     after each call."""
     kind: str                      # "admit" (waiting -> running), "grow" (a running request), "verify"
-                                   # (drafts checked, the kept ones cached), "preempt", "finish"
+                                   # (drafts checked, the kept ones cached), "preempt", "finish",
+                                   # "publish" (hashes made visible, nothing allocated)
     req: str
     tokens: tuple[int, ...] = ()   # the request's tokens at the call (prompt + output)
     new: int = 0                   # tokens the call makes room for and computes now (verify: the
@@ -79,3 +80,7 @@ class ManagerCall:
     drafts: tuple[int, ...] = ()   # grow: the draft tokens the request carries into the call
     accepted: int = 0              # verify: draft tokens kept ("verify" calls: the update after a drafted step)
     obs: Optional[Observation] = None  # the KV manager right after the call
+    # tokens of the request whose blocks the engine has published (hashed, indexed) right after
+    # the call; None: every full computed block (the cache level's timing). "publish" calls
+    # (hashes made visible by a call that allocates nothing, or in postprocess) carry it too.
+    published: Optional[int] = None

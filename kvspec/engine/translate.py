@@ -44,7 +44,8 @@ def engine_model(model: Any) -> Any:
     """``model`` as the engine level uses it: a ``Verify`` also caches the blocks the kept
     tokens fill, as vLLM's scheduler does in its output update (``cache_blocks``)."""
     if not hasattr(model, "_cache_g"):
-        return model
+        from kvspec.engine.follow import follow_engine   # the plain model: publication and chunks as the engine
+        return follow_engine(model)
     plain = model.apply
 
     def apply(op: Op) -> Any:
@@ -64,6 +65,13 @@ def translate(call: ManagerCall, model: Any) -> "tuple[Optional[Op], Any]":
     before it; the op is None when the call changes nothing the model holds. May set a
     waiting request's tokens in the model (see the module doc)."""
     q = model.reqs.get(call.req)
+    if hasattr(model, "published_upto"):   # kvspec.engine.follow: cache only what the engine published
+        model.published_upto = call.published
+    if call.kind == "publish":
+        from kvspec.engine.follow import Publish
+        if q is None or not q.running or call.published is None:
+            return None, None
+        return Publish(call.req, call.published), None
     if call.kind == "admit":
         todo = len(call.tokens) - call.hit - call.external
         if call.new > todo:

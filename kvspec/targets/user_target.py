@@ -442,7 +442,16 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
                      patch_name: Optional[str] = None) -> Target:
     obj, module = load_object(spec)
     source = _source_of(spec, module)  # where [tool.kvspec] is looked for: the unpatched file
-    api, cls, make = resolve(obj, spec, api, source)
+    try:
+        api, cls, make = resolve(obj, spec, api, source)
+    except TargetError as e:  # no API the cache level drives: its package's scheduler may (i36)
+        from kvspec.engine.engine_only import engine_only_target
+        only = engine_only_target(obj, _sequence_class(module, obj), spec, source, None, str(e)) \
+            if api in (None, "nanovllm") else None
+        if only is None:
+            raise
+        only.patch_text = patch_text
+        return only
     name = f"{spec}+{patch_name}" if patch_name else spec
     if patch_text is not None:
         pobj, pmodule = load_object(spec, patch_text)
@@ -453,8 +462,13 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         seq_cls = _sequence_class(module, cls)
         try:
             base = NanoTarget(cls, seq_cls, spec, make=make, source=source)
-        except TargetError as e:
-            raise TargetError(f"target {spec}: {e}") from None
+        except TargetError as e:  # no generation the cache level drives: its package's scheduler may (i36)
+            from kvspec.engine.engine_only import engine_only_target
+            only = engine_only_target(cls, seq_cls, spec, source, make, str(e))
+            if only is None:
+                raise TargetError(f"target {spec}: {e}") from None
+            only.patch_text = patch_text
+            return only
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
         undriven = undriven_scheduler_calls(base)  # nor does the package's scheduler call what kvspec would not
         if pcls is not cls:
