@@ -26,6 +26,12 @@ from kvspec.spec.violation import Violation, signature, signature_text
 
 EXAMPLES_PER_BATCH = 25
 MAX_FINDINGS = 5  # kvspec check --max-findings: distinct findings a run reports before it stops
+# After a finding the search goes on only while fruitful, as Hypothesis does when it reports
+# several bugs (ConjectureRunner.should_generate_more): up to twice the examples at which
+# the latest finding was made (one batch at least), and at most CONTINUE_MAX examples past
+# the first finding.
+CONTINUE_FACTOR = 2
+CONTINUE_MAX = 1000
 DETERMINISTIC_EXAMPLES = 1000  # kvspec check --derandomize without --max-examples
 STEPS_PER_EXAMPLE = {"pool": 60, "cache": 60, "engine": 40}  # about 5x the largest pool: evictions and reuse happen
 
@@ -347,10 +353,14 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     Every distinct bug, up to ``max_findings``: after a finding the search goes on, with
     the signatures of its step's violations excluded (``kvspec.spec.violation.signature``:
     an example that breaks one of them again ends there, unreported), until the run has
-    ``max_findings`` findings or its examples (or budget) run out. The examples are
-    counted over the whole run: the search after a finding gets what the run has left of
-    ``max_examples`` (or of the budget), so the first finding is where a run stopping at
-    it finds it, and the whole run is deterministic by example count. Each finding is cut
+    ``max_findings`` findings or its examples run out. The examples are counted over
+    the whole run: the search after a finding gets what the run has left of
+    ``max_examples`` (or of the budget), and no more than ``CONTINUE_FACTOR`` times the
+    examples at which the latest finding was made (one batch at least; nor ``CONTINUE_MAX``
+    past the first):
+    a search that has gone as long again without a new bug stops. So the first finding is
+    where a run stopping at it finds it, and the whole run is deterministic by example
+    count. Each finding is cut
     down on its own, never into another finding's signature, with its own repro. The
     default, 1, is the first finding only (``kvspec patches``' time to failure, the
     corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
@@ -371,9 +381,20 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
 
     excluded: set = set()  # the signatures found so far
 
+    def left() -> float:
+        """Examples the run may still take: what is left of max_examples, and, past a
+        finding, of its fruitful continuation (CONTINUE_FACTOR); inf: only the budget."""
+        out = float("inf") if max_examples is None else max_examples - ran()
+        if report.violations:
+            first, last = report.violations[0].examples_to_failure, report.violations[-1].examples_to_failure
+            out = min(out, min(first + CONTINUE_MAX, max(CONTINUE_FACTOR * last, last + EXAMPLES_PER_BATCH)) - ran())
+        return out
+
     def more() -> bool:
         if len(report.violations) >= max_findings or (stop is not None and stop()):  # stop: another --jobs worker
             return False                                                              # found one
+        if left() <= 0:
+            return False
         return ran() < max_examples if max_examples is not None else time.monotonic() - start < budget
 
     try:
@@ -385,7 +406,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
                 for search in searches:
                     # Deterministic mode: the last batches shrink so the run stops near N (Hypothesis
                     # may run a few more examples than asked, discarded ones included: those count too).
-                    n = EXAMPLES_PER_BATCH if max_examples is None else min(EXAMPLES_PER_BATCH, max_examples - ran())
+                    n = int(min(EXAMPLES_PER_BATCH, left()))
                     if n <= 0:
                         break
                     prog.level, prog.counters = search.level, search.machine.counters
