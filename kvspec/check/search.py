@@ -353,17 +353,15 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     Every distinct bug, up to ``max_findings``: after a finding the search goes on, with
     the signatures of its step's violations excluded (``kvspec.spec.violation.signature``:
     an example that breaks one of them again ends there, unreported), until the run has
-    ``max_findings`` findings or its examples run out. The examples are counted over
-    the whole run: the search after a finding gets what the run has left of
-    ``max_examples`` (or of the budget), and no more than ``CONTINUE_FACTOR`` times the
-    examples at which the latest finding was made (one batch at least; nor ``CONTINUE_MAX``
-    past the first):
+    ``max_findings`` findings or its examples run out. The examples are counted over the
+    whole run: the search after a finding gets what the run has left of ``max_examples``
+    (or of the budget), and no more than ``CONTINUE_FACTOR`` times the examples at which
+    the latest finding was made (one batch at least; nor ``CONTINUE_MAX`` past the first):
     a search that has gone as long again without a new bug stops. So the first finding is
-    where a run stopping at it finds it, and the whole run is deterministic by example
-    count. Each finding is cut
-    down on its own, never into another finding's signature, with its own repro. The
-    default, 1, is the first finding only (``kvspec patches``' time to failure, the
-    corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
+    the one a run stopping there makes, at the same example, and the whole run is
+    deterministic by example count. Each finding is cut down on its own, never into
+    another finding's signature, with its own repro. The default, 1, is the first finding
+    only (``kvspec patches``' time to failure, the corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
     levels = _levels(target, level)
     report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples,
                          max_findings=max_findings)
@@ -393,9 +391,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     def more() -> bool:
         if len(report.violations) >= max_findings or (stop is not None and stop()):  # stop: another --jobs worker
             return False                                                              # found one
-        if left() <= 0:
-            return False
-        return ran() < max_examples if max_examples is not None else time.monotonic() - start < budget
+        return left() > 0 and (max_examples is not None or time.monotonic() - start < budget)
 
     try:
         with Progress(progress, budget) as prog:
