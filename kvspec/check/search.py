@@ -360,7 +360,9 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     a search that has gone as long again without a new bug stops. So the first finding is
     the one a run stopping there makes, at the same example, and the whole run is
     deterministic by example count. Each finding is cut down on its own, never into
-    another finding's signature, with its own repro. The default, 1, is the first finding
+    another finding's signature, with its own repro. A hang (NO_HANG) ends the search: the
+    next example to reach the hanging call would wait out the op timeout again, and so on.
+    The default, 1, is the first finding
     only (``kvspec patches``' time to failure, the corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
     levels = _levels(target, level)
     report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples,
@@ -391,6 +393,8 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     def more() -> bool:
         if len(report.violations) >= max_findings or (stop is not None and stop()):  # stop: another --jobs worker
             return False                                                              # found one
+        if any(f.invariant == "NO_HANG" for f in report.violations):
+            return False  # a hang ends the search: every further one costs an op timeout (a hang is paid for once)
         return left() > 0 and (max_examples is not None or time.monotonic() - start < budget)
 
     try:
