@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deterministic mode with the default example count (1000, "
                         "kvspec.check.search.DETERMINISTIC_EXAMPLES) "
                         "unless --max-examples is given; excludes --budget (default: off)")
+    c.add_argument("--max-findings", type=count(1), default=None, metavar="N",
+                   help="distinct findings to report: after a finding the search goes on with its signature "
+                        "(invariant, operation, code location) excluded, each finding cut down with its own repro, "
+                        "while fruitful (up to twice the examples at which the latest finding was made, as "
+                        "Hypothesis does with several bugs) and within --max-examples or --budget, counted over "
+                        "the whole run; 1: stop at the first (default: 5, kvspec.check.search.MAX_FINDINGS)")
     c.add_argument("--jobs", type=count(1), default=1, metavar="N",
                    help="N worker processes with seeds SEED..SEED+N-1; all stop at the first violation (budget mode; "
                         "capped at the CPU cores available, with a note)")

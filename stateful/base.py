@@ -14,7 +14,7 @@ from kvspec.spec.misuse import documented_errors
 from kvspec.spec.ops import Op
 from kvspec.check.session import Session
 from kvspec.targets.base import Target
-from kvspec.spec.violation import Violation
+from kvspec.spec.violation import Violation, signature
 
 
 class InvariantViolation(AssertionError):
@@ -74,6 +74,9 @@ class KVMachine(RuleBasedStateMachine):
     misuse: bool = False
     on_robustness: Optional[RobustnessSink] = None
     counters: dict = {"examples": 0, "steps": 0}
+    # signatures (kvspec.spec.violation.signature) of bugs already reported: a step that
+    # breaks one of them ends its example unreported (kvspec check goes on past a finding)
+    excluded: frozenset = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,7 +94,9 @@ class KVMachine(RuleBasedStateMachine):
 
     def start(self, config: Config) -> None:
         self.session = Session(self.target, config)
-        if self.session.initial:
+        if self.session.initial and self._known(self.session.initial, None):
+            self.tainted = True
+        elif self.session.initial:
             raise violation_error(self.session.initial[0].invariant)(self.session.initial, [], config)
 
     def supports(self, op_name: str) -> bool:
@@ -115,4 +120,10 @@ class KVMachine(RuleBasedStateMachine):
             self.on_robustness(found, list(s.steps), s.config, misuse)
             self.tainted = True
             return
+        if self._known(found, op):
+            self.tainted = True  # a bug already reported: the rest of this example is not run
+            return
         raise violation_error(found[0].invariant)(found, list(s.steps), s.config)
+
+    def _known(self, found: list[Violation], op: Optional[Op]) -> bool:
+        return bool(self.excluded) and any(signature(v, op) in self.excluded for v in found)

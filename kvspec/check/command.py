@@ -169,7 +169,8 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
     command = "kvspec " + " ".join(shlex.quote(x) for x in sys.argv[1:]) if sys.argv[1:2] == ["check"] else ""
     kw = dict(patch=a.patch, patch_text=patch_text, level=a.level, misuse=a.misuse, seed=a.seed, budget=a.budget,
               report_dir=report_dir, kv_groups=check_kv_groups(a.kv_groups, target), command=command,
-              max_examples=max_examples if deterministic else None, database=getattr(a, "db", None))
+              max_examples=max_examples if deterministic else None, database=getattr(a, "db", None),
+              max_findings=max_findings_of(a))
     if (getattr(a, "jobs", None) or 1) > 1:
         from kvspec.check.jobs import run_jobs
         report = run_jobs(target, a.target, a.jobs, **kw)
@@ -183,6 +184,7 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
             continue_search(target, a.target, report, kw)  # policy hints; the search goes on under a hint's assumption
         except KeyboardInterrupt as e:
             report.interrupted = interrupted_name(e)
+        caller_bugs_stay_bugs(report)
     # The verdict and the findings first, then the files: a file that cannot be written
     # is a warning and never costs the finding or changes the exit code.
     _emit(report.to_dict(), a.json, check_text(report))
@@ -200,6 +202,23 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
             print(f"kvspec check: warning: report files not written to {a.report_dir}: {type(e).__name__}: {e}",
                   file=sys.stderr)
     return check_exit_code(report)
+
+
+def max_findings_of(a: argparse.Namespace) -> int:
+    """``--max-findings`` (an in-process caller's Namespace without it: the default)."""
+    from kvspec.check.search import MAX_FINDINGS
+    n = getattr(a, "max_findings", None)
+    return MAX_FINDINGS if n is None else n
+
+
+def caller_bugs_stay_bugs(report) -> None:
+    """A caller bug (a callee rejected what the target's own code passed it on a valid
+    sequence, kvspec.spec.blame) is a bug whatever policy a hint names: no declaration
+    makes passing a rejected value right."""
+    for r in [report] + [x.report for x in getattr(report, "assuming", ())]:
+        for f in r.violations:
+            if f.violations[0].caller:
+                f.label, f.hints = "bug", []
 
 
 def interrupted_name(e: BaseException) -> str:

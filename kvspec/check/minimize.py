@@ -47,6 +47,7 @@ from typing import Callable, Optional, Sequence
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Abort, Admit, Arrive, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step, Verify
 from kvspec.check.session import Session, run_steps
+from kvspec.spec.violation import signature
 from kvspec.targets.base import Target
 
 BFS_BUDGET_S = 45.0     # at most these seconds of bounded BFS per finding, all configurations together
@@ -56,27 +57,35 @@ BFS_MAX_STATES = 30_000   # deterministic mode: states of bounded BFS per findin
 DDMIN_MAX_TESTS = 1_000   # deterministic mode: candidate replays of ddmin instead of seconds
 
 
-def fails_with(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool) -> bool:
-    """Does ``steps`` fail, at its last step, with ``invariant`` first?"""
+def fails_with(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool,
+               avoid: frozenset = frozenset()) -> bool:
+    """Does ``steps`` fail, at its last step, with ``invariant`` first, and with no
+    violation whose signature is in ``avoid`` (another finding's bug: the run's other
+    distinct findings, ``kvspec.check.search.run_check``)?"""
     s = Session(target, config)
     if s.initial:
-        return s.initial[0].invariant == invariant and not steps
+        return s.initial[0].invariant == invariant and not steps and not _known(s.initial, None, avoid)
     for i, op in enumerate(steps):
         if not allow_misuse and s.misuse_reason(op) is not None:
             return False
         found = s.apply(op)
         if found:
-            return i == len(steps) - 1 and found[0].invariant == invariant
+            return i == len(steps) - 1 and found[0].invariant == invariant and not _known(found, op, avoid)
     return False
 
 
+def _known(found: Sequence, op: Optional[Op], avoid: frozenset) -> bool:
+    return bool(avoid) and any(signature(v, op) in avoid for v in found)
+
+
 def ddmin(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,
-          budget_s: float = 10.0, max_tests: Optional[int] = None) -> list[Op]:
+          budget_s: float = 10.0, max_tests: Optional[int] = None, avoid: frozenset = frozenset()) -> list[Op]:
     """Zeller's ddmin: a 1-minimal sub-list that still fails with ``invariant`` (unless
-    ``budget_s`` seconds or ``max_tests`` candidate replays run out first)."""
+    ``budget_s`` seconds or ``max_tests`` candidate replays run out first), never into a
+    signature of ``avoid``."""
     deadline = time.monotonic() + budget_s
     return reduce_list(list(steps), lambda cand: bool(cand) and fails_with(target, config, cand, invariant,
-                                                                           allow_misuse),
+                                                                           allow_misuse, avoid),
                        max_tests=max_tests, deadline=deadline)
 
 
@@ -266,24 +275,27 @@ def minimize_hang(target: Target, config: Config, steps: Sequence[Op], allow_mis
 def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invariant: str,
                      allow_misuse: bool = False, budget_s: float = 10.0, bfs_budget_s: float = BFS_BUDGET_S,
                      shrink_config: bool = True, deterministic: bool = False,
-                     confirm_by: Optional[float] = None) -> tuple[list[Op], Optional[bool], Config]:
+                     confirm_by: Optional[float] = None, avoid: frozenset = frozenset()
+                     ) -> tuple[list[Op], Optional[bool], Config]:
     """(steps, minimal, config): the module doc's three steps. ``config`` may be a
     smaller pool than the one given, when a repro as short or shorter fails there.
     ``deterministic``: no step is cut short by the clock (ddmin is capped at
     ``DDMIN_MAX_TESTS`` replays, the BFS at ``BFS_MAX_STATES`` states), so the repro is the
     same on any machine. ``confirm_by``: for a NO_HANG finding, the monotonic time by
-    which a confirming hang must end (``minimize_hang``; None: no limit)."""
+    which a confirming hang must end (``minimize_hang``; None: no limit). ``avoid``: the
+    signatures of the run's other findings, which no cut-down candidate may fail with (a
+    shortest repro the BFS finds that does is dropped for the ddmin result: not proven)."""
     if invariant == "NO_HANG":
         return minimize_hang(target, config, steps, allow_misuse, confirm_by), None, config
     max_states, max_tests = BFS_MAX_STATES, None  # the clock only caps what the state count allows
     if deterministic:
         budget_s, bfs_budget_s, max_states, max_tests = float("inf"), float("inf"), BFS_MAX_STATES, DDMIN_MAX_TESTS
     steps = list(steps)
-    if not fails_with(target, config, steps, invariant, allow_misuse):
+    if not fails_with(target, config, steps, invariant, allow_misuse, avoid):
         return steps, None, config  # not reproducible in isolation: keep what Hypothesis gave
-    steps = ddmin(target, config, steps, invariant, allow_misuse, budget_s, max_tests)
+    steps = ddmin(target, config, steps, invariant, allow_misuse, budget_s, max_tests, avoid)
     renamed = rename(steps)
-    if renamed != steps and fails_with(target, config, renamed, invariant, allow_misuse):
+    if renamed != steps and fails_with(target, config, renamed, invariant, allow_misuse, avoid):
         steps = renamed
     if not steps:
         # Fails at construction: the smallest pool that does so too; nothing is shorter.
@@ -294,7 +306,10 @@ def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invari
         return [], True, config
     if allow_misuse or config.level == "engine":
         return steps, None, config  # the search enumerates valid cache/pool ops only
-    return bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config, max_states)
+    short, minimal, cfg = bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config, max_states)
+    if avoid and short != steps and not fails_with(target, cfg, short, invariant, allow_misuse, avoid):
+        return steps, None, config  # the BFS's shortest is another finding's bug: keep ddmin's
+    return short, minimal, cfg
 
 
 def minimize(target: Target, config: Config, steps: Sequence[Op], invariant: str, allow_misuse: bool = False,

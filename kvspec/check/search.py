@@ -22,9 +22,16 @@ from kvspec.spec.ops import Op
 from kvspec.check.repro import write_repro
 from kvspec.check.session import Session, run_steps
 from kvspec.targets.base import Target, TargetError
-from kvspec.spec.violation import Violation
+from kvspec.spec.violation import Violation, signature, signature_text
 
 EXAMPLES_PER_BATCH = 25
+MAX_FINDINGS = 5  # kvspec check --max-findings: distinct findings a run reports before it stops
+# After a finding the search goes on only while fruitful, as Hypothesis does when it reports
+# several bugs (ConjectureRunner.should_generate_more): up to twice the examples at which
+# the latest finding was made (one batch at least), and at most CONTINUE_MAX examples past
+# the first finding.
+CONTINUE_FACTOR = 2
+CONTINUE_MAX = 1000
 DETERMINISTIC_EXAMPLES = 1000  # kvspec check --derandomize without --max-examples
 STEPS_PER_EXAMPLE = {"pool": 60, "cache": 60, "engine": 40}  # about 5x the largest pool: evictions and reuse happen
 
@@ -44,10 +51,19 @@ class Finding:
     hints: list = field(default_factory=list)  # kvspec.check.hints.Hint: policies under which the repro passes
     label: Optional[str] = None  # "policy" (hints), "bug" (no declarable policy explains it), None: not asked
     disproved: Optional[str] = None  # why its hints, though they pass its repro, do not explain the behaviour
+    signatures: frozenset = frozenset()  # of every violation of its step as found: excluded from the search after it
 
     @property
     def invariant(self) -> str:
         return self.violations[0].invariant
+
+    @property
+    def signature(self) -> tuple:
+        """Its first violation's signature (kvspec.spec.violation.signature), as cut down."""
+        return signature(self.violations[0], self.steps[-1] if self.steps else None)
+
+    def found_signatures(self) -> frozenset:
+        return frozenset(signature(v, self.steps[-1] if self.steps else None) for v in self.violations)
 
     def to_dict(self) -> dict[str, Any]:
         v = self.violations[0]
@@ -61,6 +77,8 @@ class Finding:
             "examples_to_failure": self.examples_to_failure,
             "hints": [h.to_dict() for h in self.hints], "label": self.label, "disproved": self.disproved,
             "target_output": getattr(v, "target_output", ""),
+            "signature": signature_text(self.signature), "where": v.where or None,
+            "caller_bug": v.caller or None,
         }
 
 
@@ -79,6 +97,7 @@ class CheckReport:
     seconds: float = 0.0
     error: Optional[str] = None
     max_examples: Optional[int] = None  # deterministic mode (--max-examples / --derandomize); None: the budget
+    max_findings: int = 1  # distinct findings (signatures) the search reports before it stops (--max-findings)
     declaration: str = ""  # the policy declaration checked against, in words (kvspec.targets.policies)
     hintable: frozenset = frozenset()  # the policies left undeclared, open to hints
     assuming: list = field(default_factory=list)  # kvspec.check.hints.Assumption: searches continued under hints
@@ -101,6 +120,7 @@ class CheckReport:
             "examples": self.examples, "steps": self.steps, "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
             "max_examples": self.max_examples, "deterministic": self.max_examples is not None,
+            "max_findings": self.max_findings,
             "declaration": self.declaration, "assuming": [a.to_dict() for a in self.assuming],
             "not_exercised": dict(self.not_exercised), "complete": self.interrupted is None,
             "interrupted": self.interrupted, "warnings": list(self.warnings),
@@ -232,6 +252,7 @@ class LevelSearch:
         self.database: Optional[str] = None  # --db DIR
         self.db_key = target.name
         self.machine = _machine(target, level, misuse, self._sink, kv_groups)
+        self.machine.excluded = frozenset()  # signatures of findings already made (run_check)
 
     def _sink(self, violations: list[Violation], steps: list[Op], config: Config, reason: str) -> None:
         # Keep the shortest sequence per (invariant, misuse op, kind of misuse): the
@@ -322,13 +343,30 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
               level: str = "all", misuse: bool = False, seed: int = 0, budget: float = 30.0,
               report_dir: str = "reports/repros", progress: bool = False, command: str = "",
               kv_groups: Optional[str] = None, max_examples: Optional[int] = None,
-              database: Optional[str] = None, stop: Optional[Callable[[], bool]] = None) -> CheckReport:
+              database: Optional[str] = None, stop: Optional[Callable[[], bool]] = None,
+              max_findings: int = 1) -> CheckReport:
     """Search ``budget`` seconds, or, with ``max_examples`` (deterministic mode), exactly
     that many examples over all levels: then nothing depends on the clock (no deadline,
     no timed health check, minimization bounded by work, not seconds), so the same
-    commit, target and seed give the same verdict, counts and repro on any machine."""
+    commit, target and seed give the same verdict, counts and repro on any machine.
+
+    Every distinct bug, up to ``max_findings``: after a finding the search goes on, with
+    the signatures of its step's violations excluded (``kvspec.spec.violation.signature``:
+    an example that breaks one of them again ends there, unreported), until the run has
+    ``max_findings`` findings or its examples run out. The examples are counted over the
+    whole run: the search after a finding gets what the run has left of ``max_examples``
+    (or of the budget), and no more than ``CONTINUE_FACTOR`` times the examples at which
+    the latest finding was made (one batch at least; nor ``CONTINUE_MAX`` past the first):
+    a search that has gone as long again without a new bug stops. So the first finding is
+    the one a run stopping there makes, at the same example, and the whole run is
+    deterministic by example count. Each finding is cut down on its own, never into
+    another finding's signature, with its own repro. A hang (NO_HANG) ends the search: the
+    next example to reach the hanging call would wait out the op timeout again, and so on.
+    The default, 1, is the first finding
+    only (``kvspec patches``' time to failure, the corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
     levels = _levels(target, level)
-    report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples)
+    report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples,
+                         max_findings=max_findings)
     report.not_exercised = not_exercised(target, levels, kv_groups)
     from kvspec.targets.policies import declaration_of
     report.declaration, report.hintable = declaration_of(target), target.traits.hintable
@@ -341,29 +379,47 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     for search in searches:
         search.database, search.db_key = database, target_spec
 
+    excluded: set = set()  # the signatures found so far
+
+    def left() -> float:
+        """Examples the run may still take: what is left of max_examples, and, past a
+        finding, of its fruitful continuation (CONTINUE_FACTOR); inf: only the budget."""
+        out = float("inf") if max_examples is None else max_examples - ran()
+        if report.violations:
+            first, last = report.violations[0].examples_to_failure, report.violations[-1].examples_to_failure
+            out = min(out, min(first + CONTINUE_MAX, max(CONTINUE_FACTOR * last, last + EXAMPLES_PER_BATCH)) - ran())
+        return out
+
     def more() -> bool:
-        if report.violations or (stop is not None and stop()):  # stop: another --jobs worker found one
-            return False
-        return ran() < max_examples if max_examples is not None else time.monotonic() - start < budget
+        if len(report.violations) >= max_findings or (stop is not None and stop()):  # stop: another --jobs worker
+            return False                                                              # found one
+        if any(f.invariant == "NO_HANG" for f in report.violations):
+            return False  # a hang ends the search: every further one costs an op timeout (a hang is paid for once)
+        return left() > 0 and (max_examples is not None or time.monotonic() - start < budget)
 
     try:
         with Progress(progress, budget) as prog:
             # Round-robin over the levels, one batch at a time, so a bug that only one
-            # level can see is found as fast as one that both can; stop at the first.
+            # level can see is found as fast as one that both can; after a finding, on with
+            # its signatures excluded, until max_findings (the docstring).
             while more():
                 for search in searches:
                     # Deterministic mode: the last batches shrink so the run stops near N (Hypothesis
                     # may run a few more examples than asked, discarded ones included: those count too).
-                    n = EXAMPLES_PER_BATCH if max_examples is None else min(EXAMPLES_PER_BATCH, max_examples - ran())
+                    n = int(min(EXAMPLES_PER_BATCH, left()))
                     if n <= 0:
                         break
                     prog.level, prog.counters = search.level, search.machine.counters
+                    search.machine.excluded = frozenset(excluded)
                     found = search.run_batch(n)
                     if found:
                         found.seconds_to_failure = time.monotonic() - start
                         found.examples_to_failure = ran()
+                        found.signatures = found.found_signatures()
+                        excluded.update(found.signatures)
                         report.violations.append(found)
-                        break
+                        if not more():
+                            break
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: report what was reached, marked incomplete
         report.interrupted = _signal_name(e)
     report.seconds = time.monotonic() - start
@@ -396,16 +452,21 @@ def _cut_down(target: Target, report: CheckReport, misuse: bool, max_examples: O
     end by ``confirm_by`` (None: always; see minimize.minimize_hang)."""
     for f in report.violations + report.robustness:
         allow = f.kind == "robustness" or misuse
+        # never cut down into another finding's bug: each distinct finding stays itself
+        avoid = frozenset().union(*(g.signatures for g in report.violations if g is not f)) \
+            if f.kind == "violation" else frozenset()
         # ddmin, then a bounded BFS that may also move the repro to a smaller pool
         f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow,
                                                         deterministic=max_examples is not None,
-                                                        confirm_by=confirm_by)
+                                                        confirm_by=confirm_by, avoid=avoid)
     report.robustness = _dedupe_robustness(target, report.robustness)
     for f in report.violations + report.robustness:
         if f.invariant != "NO_HANG":
             out = run_steps(target, f.config, f.steps)  # the message and excerpt of the repro as cut down
             if out.failed and out.invariant == f.invariant:
                 f.violations = out.violations
+        if f.kind == "violation" and f.violations[0].caller:
+            f.label = "bug"  # a callee rejected what its caller passed on a valid sequence (kvspec.spec.blame)
 
 
 def write_repro_or_warn(report: CheckReport, directory: Path, target_spec: str, target: Target, f: Finding,

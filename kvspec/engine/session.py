@@ -146,7 +146,10 @@ class EngineSession:
             raise
         except Exception as ex:  # the engine's own failure on a valid event is a finding
             self.dead = True
-            return [Violation("NO_CRASH", f"{op!r} is valid here but the engine raised {type(ex).__name__}: {ex}")]
+            from kvspec.spec.blame import crash_words  # where, and the caller that passed a rejected value
+            words, where, caller = crash_words(ex, tuple(getattr(self.target.traits, "misuse_errors", ()) or ()))
+            return [Violation("NO_CRASH", f"{op!r} is valid here but the engine raised {type(ex).__name__}: {ex}{words}",
+                              where=where, caller=caller)]
         except SystemExit as ex:  # sys.exit() or os._exit() (watchdog.TargetCalledExit) inside the engine
             self.dead = True
             what = str(ex) if isinstance(ex, watchdog.TargetCalledExit) else f"called sys.exit({ex.code!r})"

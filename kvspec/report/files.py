@@ -169,6 +169,8 @@ def _finding_md(n: int, f, view: Optional[dict], base: Path) -> list[str]:
         out.append(f"- repro: [`{f.repro}`]({rel}) (replay: `python -m pytest {f.repro}`)")
     if v.excerpt:
         out.append(f"- state: `{v.excerpt}`")
+    if f.kind == "violation":
+        out.append(f"- signature: {_signature(f)}")
     from kvspec.check.hints import finding_lines
     out += [f"- {line.strip()}" for line in finding_lines(f)]
     out.append("")
@@ -193,6 +195,11 @@ def _finding_md(n: int, f, view: Optional[dict], base: Path) -> list[str]:
     elif view and "error" in view:
         out += [f"(The steps could not be replayed for the block view: {view['error']}.)", ""]
     return out
+
+
+def _signature(f) -> str:
+    from kvspec.spec.violation import signature_text
+    return signature_text(f.signature)
 
 
 def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Path(".")) -> str:
@@ -227,8 +234,8 @@ def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Pa
     from kvspec.check.hints import assuming_markdown
     out += assuming_markdown(report)
     out += ["## Invariants checked", "",
-            "Every invariant is checked after every step of every example (the search stops at the first "
-            "violation).", ""]
+            "Every invariant is checked after every step of every example (after a violation the search goes on "
+            f"with its signature excluded, up to {getattr(report, 'max_findings', 1)} distinct finding(s)).", ""]
     out += _table(["id", "what must hold", "result"], [
         [title(inv), text, _result(report, inv)] for inv, text in CATALOGUE.items()])
     return "\n".join(out) + "\n"
@@ -280,7 +287,15 @@ def _steps_text(f) -> str:
 
 def check_junit(report) -> bytes:
     cases = _levels_invariants(report)
-    viol = {(f.level, f.invariant): f for f in report.violations}
+    # distinct findings of one invariant on one level (two crash sites, say): the first in
+    # that invariant's testcase, each further one in a testcase of its own ("NO_CRASH #2")
+    viol: dict[tuple, Any] = {}
+    extra: list = []
+    for f in report.violations:
+        if (f.level, f.invariant) in viol:
+            extra.append(f)
+        else:
+            viol[(f.level, f.invariant)] = f
     robust: dict[tuple[str, str], list] = {}
     for f in report.robustness:
         robust.setdefault((f.level, f.invariant), []).append(f)
@@ -290,9 +305,10 @@ def check_junit(report) -> bytes:
             cases.append(key)
     errors = 1 if report.error else 0
     name = f"kvspec check {report.target}" + (f" + {report.patch}" if report.patch else "")
-    root = ET.Element("testsuites", name="kvspec", tests=str(len(cases) + errors), failures=str(len(viol)),
+    tests = len(cases) + len(extra) + errors
+    root = ET.Element("testsuites", name="kvspec", tests=str(tests), failures=str(len(report.violations)),
                       errors=str(errors), time=f"{report.seconds:.3f}")
-    suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases) + errors), failures=str(len(viol)),
+    suite = ET.SubElement(root, "testsuite", name=name, tests=str(tests), failures=str(len(report.violations)),
                           errors=str(errors), skipped="0", time=f"{report.seconds:.3f}")
     props = ET.SubElement(suite, "properties")
     for k, val in (("target", report.target), ("patch", report.patch or ""), ("seed", report.seed),
@@ -306,14 +322,17 @@ def check_junit(report) -> bytes:
             ET.SubElement(props, "property", name="policy_hint", value=f"{title(f.invariant)}: {h.text}")
     for a in getattr(report, "assuming", ()):
         ET.SubElement(props, "property", name="assuming", value=a.heading)
-    for level, inv in cases:
-        f = viol.get((level, inv))
-        tc = ET.SubElement(suite, "testcase", classname=f"kvspec.{level}", name=title(inv),
+    seen: dict[tuple, int] = {}
+    for level, inv, f in [(lv, i, viol.get((lv, i))) for lv, i in cases] + [(g.level, g.invariant, g) for g in extra]:
+        k = seen[(level, inv)] = seen.get((level, inv), 0) + 1
+        tc = ET.SubElement(suite, "testcase", classname=f"kvspec.{level}", name=title(inv) + (f" #{k}" if k > 1 else ""),
                            time=f"{f.seconds_to_failure:.3f}" if f is not None and f.seconds_to_failure else "0")
         if f is not None:
             fail = ET.SubElement(tc, "failure", type=inv, message=f"{title(inv)}: {f.violations[0].message}"
                                  + (f" (repro: {f.repro})" if f.repro else ""))
             fail.text = _steps_text(f)
+        if k > 1:
+            continue  # the robustness findings went with the first
         rs = robust.get((level, inv))
         if rs:
             tprops = ET.SubElement(tc, "properties")

@@ -17,11 +17,17 @@ def check_text(report) -> str:
         lines.insert(1, f"  declaration: {report.declaration}")
         said = hints.not_second_guessed(report)
         lines[2:2] = [f"  {said}"] if said else []
+    several = len(report.violations) > 1  # distinct findings (kvspec.spec.violation.signature)
+    if several:
+        lines.append(f"  {len(report.violations)} distinct findings, each cut down on its own, with its own repro")
     for f in report.violations:
         v = f.violations[0]
         lines.append(f"VIOLATION {title(v.invariant)} at the {f.level} level")
         lines.append(f"  {v.message}")
         lines.append(f"  state: {v.excerpt}")
+        if several:
+            from kvspec.spec.violation import signature_text
+            lines.append(f"  signature: {signature_text(f.signature)}")
         lines.append(f"  {len(f.steps)} steps (Hypothesis shrank to {f.shrunk_steps})"
                      + ("" if f.minimal is None else f", minimal: {str(f.minimal).lower()}") + ":")
         lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]

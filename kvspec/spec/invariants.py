@@ -12,12 +12,13 @@ reader finds every check.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 from kvspec.spec.config import Config
 from kvspec.spec.model import CacheModel, PoolModel
 from kvspec.spec.observation import Observation
+from kvspec.spec.blame import crash_words
 from kvspec.spec.misuse import documented_errors
 from kvspec.spec.ops import Admit, Alloc, Lookup, Op, Prefill, Reset, Step
 from kvspec.spec.shadow import HashMap, ShadowKV
@@ -121,7 +122,10 @@ def _valid(ctx: StepContext) -> bool:
 def no_crash(ctx: StepContext) -> list[Violation]:
     if ctx.misuse is None and ctx.error is not None:
         e = ctx.error
-        return [ctx.v("NO_CRASH", f"{ctx.op!r} is valid here but the target raised {type(e).__name__}: {e}")]
+        # where it was raised, and the caller that passed a value its callee rejects (kvspec.spec.blame)
+        words, where, caller = crash_words(e, tuple(getattr(ctx.traits, "misuse_errors", ()) or ()))
+        v = ctx.v("NO_CRASH", f"{ctx.op!r} is valid here but the target raised {type(e).__name__}: {e}{words}")
+        return [replace(v, where=where, caller=caller)]
     return []
 
 
