@@ -33,6 +33,14 @@ beyond salts: LoRA adapters (``extra_kinds``; two adapters over the same prompts
 must differ by adapter) and, in a quarter of the examples, a ``max_model_len`` of 8 to 24
 tokens that binds (prompts stay under it, ``max_tokens`` may run past it: the scheduler
 stops the request at the cap). 0.9.x's draws are unchanged, so its numbers above hold.
+
+Where the release has them (``kvspec.engine.vllm_inputs.features``, on that same current
+API), the machine also draws the inputs real deployments send (issue 37):
+- a drafter with its own KV (``draft_model`` or ``eagle``) in half the drafted examples,
+  so the scheduler reserves lookahead slots;
+- the priority policy in a third of the examples, each arrival with a priority of 0 to 2;
+- ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; a
+  quarter of them with ``reset_running_requests``, which preempts every running request).
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Abort, Arrive, EngineStep
+from kvspec.spec.ops import Abort, Arrive, EngineStep, ResetPrefixCache
 from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 from kvspec.targets.base import Target
 
@@ -153,8 +161,14 @@ class SpecEngineMachine(EngineMachine):
                                                                label="capped"):
             cap = data.draw(st.integers(2 * BLOCK_SIZE, min(6 * BLOCK_SIZE, self.usable)), label="max_model_len")
         self.longest = (cap or self.usable) - 1
+        inputs = self._inputs(data)
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
-                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec, max_model_len=cap))
+                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec, max_model_len=cap, **inputs))
+
+    def _inputs(self, data) -> dict:
+        """Config fields of the deployment inputs an example draws (InputsEngineMachine)."""
+        self.resets, self.priorities = None, False
+        return {}
 
     max_tokens = SPEC_MAX_TOKENS
 
@@ -176,6 +190,48 @@ class SpecEngineMachine(EngineMachine):
                                 accepted=data.draw(_accepted(self.spec), label="accepted")))
 
 
+class InputsEngineMachine(SpecEngineMachine):
+    """SpecEngineMachine plus the deployment inputs of the module doc, for a release on the
+    current manager API (0.9.x keeps SpecEngineMachine: its rule list, and so its examples,
+    stay as they were)."""
+
+    def _inputs(self, data) -> dict:
+        """The deployment inputs of this example (see the module doc): Config fields; sets
+        ``self.resets`` (None: no resets drawn) and ``self.priorities``."""
+        self.resets, self.priorities = None, False
+        from kvspec.engine.vllm_inputs import LOOKAHEAD_DRAFTERS, features
+        have = features()
+        out: dict = {}
+        drafters = [m for m in LOOKAHEAD_DRAFTERS if f"lookahead:{m}" in have]
+        if self.spec and drafters:
+            method = data.draw(st.sampled_from(["ngram"] * len(drafters) + drafters), label="spec_method")
+            if method != "ngram":
+                out["spec_method"] = method
+        if "priority" in have and data.draw(st.sampled_from((False, False, True)), label="priority_policy"):
+            out["policy"] = "priority"
+            self.priorities = True
+        if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
+            self.resets = ("reset_preempt" in have)
+        return out
+
+    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
+    @rule(data=st.data())
+    def arrive(self, data):
+        prompt = data.draw(_prompts(self.longest), label="prompt")
+        max_tokens = data.draw(self.max_tokens.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
+        extra = data.draw(st.sampled_from(self.extras()), label="extra")
+        priority = data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
+        rid = f"r{len(self.arrived) + 1}"
+        self.arrived.append(rid)
+        self.run(Arrive(rid, prompt, max_tokens, extra, priority))
+
+    @precondition(lambda self: getattr(self, "resets", None) is not None)
+    @rule(data=st.data())
+    def reset_prefix_cache(self, data):   # an operator's reset, mid-run (where the release has it)
+        preempt = bool(self.resets) and data.draw(st.sampled_from((False, False, False, True)), label="preempt_running")
+        self.run(ResetPrefixCache(preempt))
+
+
 def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
                    kv_groups: Optional[str] = None) -> type:
     """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
@@ -183,4 +239,6 @@ def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional
     attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
                  counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
     base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
+    if base is SpecEngineMachine and getattr(target, "groups", False):
+        base = InputsEngineMachine   # the current manager API: the deployment inputs too
     return type(machine_class_name("EngineMachine", target), (base,), attrs)
