@@ -47,6 +47,7 @@ def engine_shape(config: Config) -> Any:
     return EngineShape(block_size=config.block_size, num_blocks=config.num_blocks, caching=config.caching,
                        kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0),
                        spec_method=getattr(config, "spec_method", "ngram"), policy=getattr(config, "policy", "fcfs"),
+                       connector=getattr(config, "connector", None),
                        **({"max_model_len": cap} if cap else {}))
 
 

@@ -39,8 +39,10 @@ API), the machine also draws the inputs real deployments send (issue 37):
 - a drafter with its own KV (``draft_model`` or ``eagle``) in half the drafted examples,
   so the scheduler reserves lookahead slots;
 - the priority policy in a third of the examples, each arrival with a priority of 0 to 2;
-- ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; a
-  quarter of them with ``reset_running_requests``, which preempts every running request).
+- ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; half
+  of them with ``reset_running_requests``, which preempts every running request);
+- a KV connector in a quarter of the examples, serving one or two prefixes of one to
+  three of the shared prompt chunks (``Config.connector``).
 """
 from __future__ import annotations
 
@@ -212,6 +214,12 @@ class InputsEngineMachine(SpecEngineMachine):
             self.priorities = True
         if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
             self.resets = ("reset_preempt" in have)
+        if "connector" in have and data.draw(st.sampled_from((False, False, False, True)), label="connector"):
+            chunks = _chunks()
+            prefix = st.integers(1, NUM_CHUNKS).flatmap(
+                lambda k: st.lists(st.sampled_from(range(NUM_CHUNKS)), min_size=k, max_size=k))
+            picked = data.draw(st.lists(prefix, min_size=1, max_size=2), label="remote_prefixes")
+            out["connector"] = "|".join(",".join(str(t) for c in p for t in chunks[c]) for p in picked)
         return out
 
     @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
@@ -228,7 +236,7 @@ class InputsEngineMachine(SpecEngineMachine):
     @precondition(lambda self: getattr(self, "resets", None) is not None)
     @rule(data=st.data())
     def reset_prefix_cache(self, data):   # an operator's reset, mid-run (where the release has it)
-        preempt = bool(self.resets) and data.draw(st.sampled_from((False, False, False, True)), label="preempt_running")
+        preempt = bool(self.resets) and data.draw(st.booleans(), label="preempt_running")
         self.run(ResetPrefixCache(preempt))
 
 

@@ -52,6 +52,7 @@ class EngineShape:
     spec_method: str = "ngram"    # the drafter: "ngram" (no draft model, so no lookahead slots), or
                                   # "draft_model" / "eagle" (spec_tokens lookahead slots: vllm_inputs)
     policy: str = "fcfs"          # the scheduling policy ("priority": vllm_inputs)
+    connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (vllm_connector)
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,7 +81,10 @@ def vllm_config(shape: EngineShape) -> Any:
     sched = SchedulerConfig(**compat.accepted(SchedulerConfig, dict(
         max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
         max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
-        **({"policy": shape.policy} if shape.policy != "fcfs" else {}))))
+        **({"policy": shape.policy} if shape.policy != "fcfs" else {}),
+        # a consumer connector with overlapped steps defers block frees (not modelled): the
+        # connector runs with async scheduling off, as a deployment sets --no-async-scheduling
+        **({"async_scheduling": False} if shape.connector is not None else {}))))
     cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
     cache.num_gpu_blocks = shape.num_blocks
     parallel = ParallelConfig()
@@ -92,8 +96,12 @@ def vllm_config(shape: EngineShape) -> Any:
         from vllm.config import SpeculativeConfig
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=shape.spec_tokens, prompt_lookup_max=3,
                                  prompt_lookup_min=1, target_model_config=model, target_parallel_config=parallel)
+    kv_transfer = {}
+    if shape.connector is not None:
+        from kvspec.engine.vllm_connector import transfer_config
+        kv_transfer["kv_transfer_config"] = transfer_config(shape.connector)
     return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache, parallel_config=parallel,
-                      device_config=DeviceConfig(device="cpu"), speculative_config=spec)
+                      device_config=DeviceConfig(device="cpu"), speculative_config=spec, **kv_transfer)
 
 
 class _Recorder:

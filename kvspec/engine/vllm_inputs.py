@@ -21,8 +21,15 @@ version number, and each with the meaning the checks give it:
   order; a request that survives a step's preemptions never comes after one that was
   preempted (PRIORITY, ``kvspec.engine.checks``).
 
-Not drawn yet (see reports/vllm-engine-inputs.md): a KV connector, async scheduling,
-streaming (resumable) requests.
+- a KV connector (``Config.connector``; ``kvspec.engine.vllm_connector``, a small CPU
+  connector against the release's own ``KVConnectorBase_V1``) serving a drawn set of
+  prompt prefixes: the scheduler admits a request with the connector's tokens as
+  external computed tokens, which the cache-level model replays as ``Admit.external``
+  (slots for them, the KV of exactly that prefix, never cached as the request's own
+  computation until its blocks are full).
+
+Not drawn yet (see reports/vllm-engine-inputs.md): the connector's asynchronous and
+failed loads, async scheduling (two steps in flight), streaming (resumable) requests.
 """
 from __future__ import annotations
 
@@ -61,12 +68,28 @@ def features() -> frozenset[str]:
     fields = getattr(SchedulerConfig, "__dataclass_fields__", {}) or {}
     if "policy" in fields and "priority" in _params(Request.__init__):
         out.add("priority")
+    if _connector_pluggable():
+        out.add("connector")
     if isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property) \
             and "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
         for method in LOOKAHEAD_DRAFTERS:
             if _drafter_accepted(method):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
+
+
+def _connector_pluggable() -> bool:
+    """Whether a connector from a module path plugs into this release (``KVTransferConfig``
+    takes ``kv_connector_module_path``) and kvspec's connector builds against its base."""
+    try:
+        from vllm.config import KVTransferConfig
+        fields = getattr(KVTransferConfig, "__dataclass_fields__", {}) or {}
+        if "kv_connector_module_path" not in fields:
+            return False
+        from kvspec.engine.vllm_connector import KvspecRemoteConnector
+        return not getattr(KvspecRemoteConnector, "__abstractmethods__", None)
+    except Exception:
+        return False
 
 
 def _drafter_accepted(method: str) -> bool:

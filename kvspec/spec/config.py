@@ -17,6 +17,8 @@ class Config:
     spec_method: str = "ngram" # engine level: the drafter ("ngram": no lookahead slots; "draft_model", "eagle":
                                # the drafter writes KV past the scheduled tokens, spec_tokens lookahead slots)
     policy: str = "fcfs"       # engine level: the scheduling policy ("fcfs" or "priority")
+    connector: Optional[str] = None  # engine level: a KV connector serving these prompt prefixes' KV
+                               # (token lists joined by '|'; kvspec.engine.vllm_connector); None: none
 
     def to_dict(self) -> dict:
         return asdict(self)
