@@ -52,7 +52,11 @@ class KvspecRemoteConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mi
     """The connector of the module doc."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
-        super().__init__(vllm_config, role, kv_cache_config)
+        import inspect
+        if "kv_cache_config" in inspect.signature(KVConnectorBase_V1.__init__).parameters:
+            super().__init__(vllm_config, role, kv_cache_config)
+        else:   # a release whose connectors take two arguments
+            super().__init__(vllm_config, role)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
         self.remote = parse_remote(extra.get("remote"))
         self.offered: dict[str, int] = {}     # request -> external tokens of its last admission
