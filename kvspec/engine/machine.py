@@ -214,9 +214,9 @@ class InputsEngineMachine(SpecEngineMachine):
             self.priorities = True
         if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
             self.resets = ("reset_preempt" in have)
-        # the connector only over full attention: it runs with async scheduling off, and with a
-        # sliding-window group that run's free order differs from the model's (EVICTION_ORDER on
-        # unmodified 0.33.0, not yet analysed: reports/vllm-engine-inputs.md)
+        # the connector only over full attention: with a sliding-window group, vLLM frees the
+        # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
+        # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
         if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(st.sampled_from((False, False, False, True)), label="connector"):
             chunks = _chunks()
             prefix = st.integers(1, NUM_CHUNKS).flatmap(
