@@ -7,8 +7,12 @@ once the event is processed:
 - SLOTS: every token scheduled this step has a slot in its request's table (no two
   scheduled tokens share one), the scheduler asked the manager for room for every one
   of them (where the engine reports its manager calls), and every request's computed
-  tokens fit in its blocks;
-- NO_LEAK: a request preempted, finished or aborted in this event holds no block.
+  tokens fit in its blocks; with a drafter's lookahead (``StepFacts.lookahead``), every
+  scheduled request's table also covers that many slots past its scheduled tokens;
+- NO_LEAK: a request preempted, finished or aborted in this event holds no block;
+- PRIORITY: under the priority policy, a request still running after the step's
+  preemptions never comes after one that was preempted in (priority, arrival) order;
+- ACCOUNTING (``check_reset``): ``reset_prefix_cache`` succeeds exactly when no block is held.
 """
 from __future__ import annotations
 
@@ -59,6 +63,14 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
             if allocated is not None and allocated.get(rid, 0) < n - had_room:
                 out.append(v("SLOTS", f"{rid} was scheduled {n} tokens, but the scheduler asked the KV manager "
                                       f"for room for only {allocated.get(rid, 0)}", rid))
+        for rid, n in facts.scheduled.items():
+            need = facts.start.get(rid, 0) + n + facts.lookahead
+            need = min(need, facts.cap) if facts.cap else need
+            if facts.lookahead and rid in facts.covered and facts.covered[rid] < need:
+                out.append(v("SLOTS", f"{rid} was scheduled {n} tokens from position {facts.start.get(rid, 0)} with "
+                                      f"{facts.lookahead} lookahead slots for the drafter, but its table has room "
+                                      f"for {facts.covered[rid]} positions, not {need}", rid))
+        out += _priority(facts, v)
         dup = [] if shared_slots else \
             [s for s, c in Counter(s for got in facts.slots.values() for s in got).items() if c > 1]
         if dup:
@@ -71,3 +83,38 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
         if c > have:
             out.append(v("SLOTS", f"{rid} has {c} computed tokens but its blocks hold only {have}", rid))
     return out
+
+
+def _priority(facts: StepFacts, v) -> list[Violation]:
+    """PRIORITY: each preempted request was last in (priority, arrival) order among the
+    requests running at the step's start that it left running."""
+    if not facts.rank or not facts.preempted:
+        return []
+    kept = [r for r in facts.rank if r not in facts.preempted]
+    for p in facts.preempted:
+        if p not in facts.rank:
+            continue
+        later = [r for r in kept if facts.rank[r] > facts.rank[p]]
+        if later:
+            r = max(later, key=lambda x: facts.rank[x])
+            return [v("PRIORITY", f"{p} (priority {facts.rank[p][0]}) was preempted while {r} (priority "
+                                  f"{facts.rank[r][0]}, {'later arrival' if facts.rank[r][0] == facts.rank[p][0] else 'lower priority'}) "
+                                  f"kept running: the priority policy preempts the lowest-priority request first", p)]
+    return []
+
+
+def check_reset(op: Op, ok: Optional[bool], driver: EngineDriver) -> list[Violation]:
+    """ACCOUNTING for an engine's ``reset_prefix_cache``: it returned True exactly when no
+    block was held. A refused reset changes nothing, so the state after it is the state
+    it was refused in; a successful one left every block free."""
+    if ok is None:
+        return []
+    obs = driver.observe()
+    held = [b for b in obs.usable_ids() if obs.blocks[b].ref > 0]
+    if ok and held:
+        return [Violation("ACCOUNTING", f"{op!r}: reset_prefix_cache returned True but blocks {held} are held",
+                          obs.excerpt(held, []))]
+    if not ok and not held:
+        return [Violation("ACCOUNTING", f"{op!r}: reset_prefix_cache returned False although no block is held",
+                          obs.excerpt([], []))]
+    return []

@@ -46,6 +46,8 @@ def engine_shape(config: Config) -> Any:
     cap = getattr(config, "max_model_len", None)
     return EngineShape(block_size=config.block_size, num_blocks=config.num_blocks, caching=config.caching,
                        kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0),
+                       spec_method=getattr(config, "spec_method", "ngram"), policy=getattr(config, "policy", "fcfs"),
+                       connector=getattr(config, "connector", None),
                        **({"max_model_len": cap} if cap else {}))
 
 

@@ -33,6 +33,16 @@ beyond salts: LoRA adapters (``extra_kinds``; two adapters over the same prompts
 must differ by adapter) and, in a quarter of the examples, a ``max_model_len`` of 8 to 24
 tokens that binds (prompts stay under it, ``max_tokens`` may run past it: the scheduler
 stops the request at the cap). 0.9.x's draws are unchanged, so its numbers above hold.
+
+Where the release has them (``kvspec.engine.vllm_inputs.features``, on that same current
+API), the machine also draws the inputs real deployments send (issue 37):
+- a drafter with its own KV (``draft_model`` or ``eagle``) in half the drafted examples,
+  so the scheduler reserves lookahead slots;
+- the priority policy in a third of the examples, each arrival with a priority of 0 to 2;
+- ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; half
+  of them with ``reset_running_requests``, which preempts every running request);
+- a KV connector in a quarter of the examples (full-attention groups only), serving one
+  or two prefixes of one to three of the shared prompt chunks (``Config.connector``).
 """
 from __future__ import annotations
 
@@ -42,7 +52,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Abort, Arrive, EngineStep
+from kvspec.spec.ops import Abort, Arrive, EngineStep, ResetPrefixCache
 from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 from kvspec.targets.base import Target
 
@@ -153,8 +163,14 @@ class SpecEngineMachine(EngineMachine):
                                                                label="capped"):
             cap = data.draw(st.integers(2 * BLOCK_SIZE, min(6 * BLOCK_SIZE, self.usable)), label="max_model_len")
         self.longest = (cap or self.usable) - 1
+        inputs = self._inputs(data)
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
-                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec, max_model_len=cap))
+                          kv_groups=self.kv_groups or "full", spec_tokens=self.spec, max_model_len=cap, **inputs))
+
+    def _inputs(self, data) -> dict:
+        """Config fields of the deployment inputs an example draws (InputsEngineMachine)."""
+        self.resets, self.priorities = None, False
+        return {}
 
     max_tokens = SPEC_MAX_TOKENS
 
@@ -176,6 +192,57 @@ class SpecEngineMachine(EngineMachine):
                                 accepted=data.draw(_accepted(self.spec), label="accepted")))
 
 
+class InputsEngineMachine(SpecEngineMachine):
+    """SpecEngineMachine plus the deployment inputs of the module doc, for a release on the
+    current manager API (0.9.x keeps SpecEngineMachine: its rule list, and so its examples,
+    stay as they were)."""
+
+    def _inputs(self, data) -> dict:
+        """The deployment inputs of this example (see the module doc): Config fields; sets
+        ``self.resets`` (None: no resets drawn) and ``self.priorities``."""
+        self.resets, self.priorities = None, False
+        from kvspec.engine.vllm_inputs import LOOKAHEAD_DRAFTERS, features
+        have = features()
+        out: dict = {}
+        drafters = [m for m in LOOKAHEAD_DRAFTERS if f"lookahead:{m}" in have]
+        if self.spec and drafters:
+            method = data.draw(st.sampled_from(["ngram"] * len(drafters) + drafters), label="spec_method")
+            if method != "ngram":
+                out["spec_method"] = method
+        if "priority" in have and data.draw(st.sampled_from((False, False, True)), label="priority_policy"):
+            out["policy"] = "priority"
+            self.priorities = True
+        if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
+            self.resets = ("reset_preempt" in have)
+        # the connector only over full attention: with a sliding-window group, vLLM frees the
+        # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
+        # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
+        if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(st.sampled_from((False, False, False, True)), label="connector"):
+            chunks = _chunks()
+            prefix = st.integers(1, NUM_CHUNKS).flatmap(
+                lambda k: st.lists(st.sampled_from(range(NUM_CHUNKS)), min_size=k, max_size=k))
+            picked = data.draw(st.lists(prefix, min_size=1, max_size=2), label="remote_prefixes")
+            out["connector"] = "|".join(",".join(str(t) for c in p for t in chunks[c]) for p in picked)
+        return out
+
+    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
+    @rule(data=st.data())
+    def arrive(self, data):
+        prompt = data.draw(_prompts(self.longest), label="prompt")
+        max_tokens = data.draw(self.max_tokens.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
+        extra = data.draw(st.sampled_from(self.extras()), label="extra")
+        priority = data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
+        rid = f"r{len(self.arrived) + 1}"
+        self.arrived.append(rid)
+        self.run(Arrive(rid, prompt, max_tokens, extra, priority))
+
+    @precondition(lambda self: getattr(self, "resets", None) is not None)
+    @rule(data=st.data())
+    def reset_prefix_cache(self, data):   # an operator's reset, mid-run (where the release has it)
+        preempt = bool(self.resets) and data.draw(st.booleans(), label="preempt_running")
+        self.run(ResetPrefixCache(preempt))
+
+
 def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
                    kv_groups: Optional[str] = None) -> type:
     """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
@@ -183,4 +250,6 @@ def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional
     attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
                  counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
     base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
+    if base is SpecEngineMachine and getattr(target, "groups", False):
+        base = InputsEngineMachine   # the current manager API: the deployment inputs too
     return type(machine_class_name("EngineMachine", target), (base,), attrs)

@@ -25,6 +25,14 @@ class StepFacts:
     slots: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # req -> computed tokens before this step's schedule() (where the scheduled tokens start)
     start: dict[str, int] = field(default_factory=dict)
+    # slots the scheduler must reserve past each request's scheduled tokens (a drafter's lookahead,
+    # EAGLE / draft model), and req -> positions its table has room for right after schedule()
+    lookahead: int = 0
+    covered: dict[str, int] = field(default_factory=dict)
+    cap: Optional[int] = None                      # max_model_len: no table needs room past it
+    # under the priority policy: req -> the order preemption follows, (priority, arrival), the largest
+    # preempted first, for every request running when the step was scheduled; empty: not checked
+    rank: dict[str, tuple] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -67,7 +75,8 @@ class ManagerCall:
     after each call."""
     kind: str                      # "admit" (waiting -> running), "grow" (a running request), "verify"
                                    # (drafts checked, the kept ones cached), "preempt", "finish",
-                                   # "publish" (hashes made visible, nothing allocated)
+                                   # "publish" (hashes made visible, nothing allocated),
+                                   # "reset" (reset_prefix_cache; ok: what it returned)
     req: str
     tokens: tuple[int, ...] = ()   # the request's tokens at the call (prompt + output)
     new: int = 0                   # tokens the call makes room for and computes now (verify: the
@@ -79,6 +88,7 @@ class ManagerCall:
     whole: bool = False            # an admission gated on room for the whole sequence, not only this chunk
     drafts: tuple[int, ...] = ()   # grow: the draft tokens the request carries into the call
     accepted: int = 0              # verify: draft tokens kept ("verify" calls: the update after a drafted step)
+    lookahead: int = 0             # admit / grow: slots asked for past the new tokens (a drafter's)
     obs: Optional[Observation] = None  # the KV manager right after the call
     # tokens of the request whose blocks the engine has published (hashed, indexed) right after
     # the call; None: every full computed block (the cache level's timing). "publish" calls

@@ -21,14 +21,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from kvspec.engine.checks import check_event
+from kvspec.engine.checks import check_event, check_reset
 from kvspec.engine.drivers import engine_driver
 from kvspec.engine.protocol import EngineDriver, StepFacts
 from kvspec.engine.translate import Unexpressible, engine_model, translate
 from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation
-from kvspec.spec.ops import Abort, Arrive, EngineStep, Op
+from kvspec.spec.ops import Abort, Arrive, EngineStep, Op, ResetPrefixCache
 from kvspec.spec.violation import Violation
 from kvspec.targets.base import Driver, Target
 from kvspec.targets import watchdog
@@ -94,6 +94,7 @@ class EngineSession:
         self.dead = False
         self.unfollowed: Optional[str] = None  # why the model stopped following the engine (Unexpressible)
         self._before: dict[str, int] = {}      # computed tokens per request before the current event
+        self.last_reset: Optional[bool] = None  # what the last ResetPrefixCache returned
 
     @property
     def model(self) -> Any:
@@ -122,7 +123,10 @@ class EngineSession:
     def _run(self, op: Op) -> Optional[StepFacts]:
         e = self.engine
         if isinstance(op, Arrive):
-            e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra)
+            if op.priority:   # only drawn for an engine with the priority policy (vllm_inputs)
+                e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra, priority=op.priority)
+            else:
+                e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra)
             self.arrived.add(op.req)
             return None
         if isinstance(op, EngineStep):
@@ -130,6 +134,12 @@ class EngineSession:
             return e.step(lambda req, pos: token, op.drafts, op.accepted)
         if isinstance(op, Abort):
             e.abort(op.req)
+            return None
+        if isinstance(op, ResetPrefixCache):
+            reset = getattr(e, "reset_prefix_cache", None)
+            if reset is None:
+                raise TargetError(f"{op!r}: this engine has no reset_prefix_cache")
+            self.last_reset = reset(op.preempt_running) if op.preempt_running else reset()
             return None
         raise TargetError(f"{op!r} is not an engine-level op")
 
@@ -184,5 +194,12 @@ class EngineSession:
                 return [dataclasses.replace(v, message=f"{op!r}, at the scheduler's call {cop!r}: {v.message}")
                         for v in found]
         self._before = dict(self.engine.computed())
+        if isinstance(op, ResetPrefixCache):
+            found = check_reset(op, self.last_reset, self.engine)
+            if found:
+                return found
+            if op.preempt_running and self.last_reset is False:
+                return [Violation("ACCOUNTING", f"{op!r}: reset_prefix_cache returned False after the engine "
+                                                f"preempted every running request")]
         return check_event(op, facts, self.engine, allocated if reported else None, held,
                            shared_slots=bool(getattr(self.traits, "whole_prompt_hits", False)))

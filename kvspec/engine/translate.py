@@ -19,7 +19,11 @@ The scheduler's calls map onto the cache-level vocabulary one for one:
 - ``verify`` (the output update after a drafted step): ``Verify`` with the drafts kept.
   The scheduler then caches the blocks the kept tokens fill (``cache_blocks``), so the
   engine's model does too (``engine_model``);
-- ``preempt`` / ``finish``: ``Preempt`` / ``Finish``.
+- ``preempt`` / ``finish``: ``Preempt`` / ``Finish``;
+- ``reset`` (``reset_prefix_cache`` reached the manager): the pool's ``Reset``, which the
+  engine's model applies to its pool (True only when no block is held; a success forgets
+  every hash). A call that reserves lookahead slots (a drafter's, ``vllm_inputs``) has no
+  cache-level op: ``Unexpressible``.
 
 The result is what the target did, in the cache level's terms: an admission's hit
 tokens (None when refused), a growth's success.
@@ -30,7 +34,7 @@ from typing import Any, Optional
 
 from kvspec.engine.protocol import ManagerCall
 from kvspec.errors import TargetError
-from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
+from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Reset, Step, Verify
 
 
 class Unexpressible(Exception):
@@ -49,6 +53,8 @@ def engine_model(model: Any) -> Any:
     plain = model.apply
 
     def apply(op: Op) -> Any:
+        if isinstance(op, Reset):   # an engine's reset_prefix_cache: the pool's own
+            return model.pool.reset()
         result = plain(op)
         if isinstance(op, Verify):
             q = model.reqs[op.req]
@@ -64,6 +70,11 @@ def translate(call: ManagerCall, model: Any) -> "tuple[Optional[Op], Any]":
     """(the cache-level op, the target's result) for ``call``, given the reference model
     before it; the op is None when the call changes nothing the model holds. May set a
     waiting request's tokens in the model (see the module doc)."""
+    if call.kind == "reset":
+        return Reset(), call.ok
+    if call.lookahead and call.kind in ("admit", "grow"):
+        raise Unexpressible(f"{call.req} is given {call.lookahead} lookahead slots past its new tokens "
+                            f"(a drafter's KV): the cache model has no op for them")
     q = model.reqs.get(call.req)
     if hasattr(model, "published_upto"):   # kvspec.engine.follow: cache only what the engine published
         model.published_upto = call.published

@@ -48,8 +48,11 @@ class EngineShape:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 16
     max_model_len: int = 128
-    spec_tokens: int = 0          # n-gram speculative decoding with this many draft tokens (no draft model,
-                                  # so no lookahead slots); 0: off
+    spec_tokens: int = 0          # speculative decoding with this many draft tokens; 0: off
+    spec_method: str = "ngram"    # the drafter: "ngram" (no draft model, so no lookahead slots), or
+                                  # "draft_model" / "eagle" (spec_tokens lookahead slots: vllm_inputs)
+    policy: str = "fcfs"          # the scheduling policy ("priority": vllm_inputs)
+    connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (vllm_connector)
 
 
 @functools.lru_cache(maxsize=1)
@@ -77,17 +80,28 @@ def vllm_config(shape: EngineShape) -> Any:
                         max_model_len=shape.max_model_len)
     sched = SchedulerConfig(**compat.accepted(SchedulerConfig, dict(
         max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
-        max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False)))
+        max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
+        **({"policy": shape.policy} if shape.policy != "fcfs" else {}),
+        # a consumer connector with overlapped steps defers block frees (not modelled): the
+        # connector runs with async scheduling off, as a deployment sets --no-async-scheduling
+        **({"async_scheduling": False} if shape.connector is not None else {}))))
     cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
     cache.num_gpu_blocks = shape.num_blocks
     parallel = ParallelConfig()
     spec = None
-    if shape.spec_tokens:
+    if shape.spec_tokens and shape.spec_method != "ngram":
+        from kvspec.engine.vllm_inputs import drafter_config
+        spec = drafter_config(shape.spec_method, shape.spec_tokens, tiny_model_dir(), model, parallel)
+    elif shape.spec_tokens:
         from vllm.config import SpeculativeConfig
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=shape.spec_tokens, prompt_lookup_max=3,
                                  prompt_lookup_min=1, target_model_config=model, target_parallel_config=parallel)
+    kv_transfer = {}
+    if shape.connector is not None:
+        from kvspec.engine.vllm_connector import transfer_config
+        kv_transfer["kv_transfer_config"] = transfer_config(shape.connector)
     return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache, parallel_config=parallel,
-                      device_config=DeviceConfig(device="cpu"), speculative_config=spec)
+                      device_config=DeviceConfig(device="cpu"), speculative_config=spec, **kv_transfer)
 
 
 class _Recorder:
@@ -115,6 +129,11 @@ class _Recorder:
     def cache_blocks(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         result = self._mgr.cache_blocks(request, *args, **kwargs)
         self._engine.on_cache(request)
+        return result
+
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._mgr.reset_prefix_cache(*args, **kwargs)
+        self._engine.on_reset(bool(result))
         return result
 
     def free(self, request: Any) -> Any:
@@ -158,6 +177,11 @@ class VllmEngine:
         self.mgr = self.sched.kv_cache_manager
         self.sched.kv_cache_manager = _Recorder(self.mgr, self)
         self.hasher = compat.block_hasher(mods, shape.block_size)   # vLLM's sha256 block hashing, as the engine
+        self.lookahead = int(getattr(cfg, "num_lookahead_tokens", 0) or 0)   # slots past the scheduled tokens
+        hash_ahead = int(getattr(cfg, "num_hash_lookahead_tokens", 0) or 0)
+        if hash_ahead:   # EAGLE: a block's hash covers the tokens after it, as the engine hashes them
+            from kvspec.engine.vllm_inputs import lookahead_hasher
+            self.hasher = lookahead_hasher(mods, shape.block_size, hash_ahead)
         self.extras: dict[str, Optional[str]] = {}
         self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them
         self._calls: list[ManagerCall] = []
@@ -179,7 +203,12 @@ class VllmEngine:
                                        hit=hit if admit else 0, external=ext if admit else 0,
                                        extra=self.extras.get(rid) if admit else None, ok=ok,
                                        whole=bool(args.get("full_sequence_must_fit", False)),
-                                       drafts=() if admit else drafts, obs=self.observe()))
+                                       drafts=() if admit else drafts, obs=self.observe(),
+                                       lookahead=int(args.get("num_lookahead_tokens", 0) or 0)))
+
+    def on_reset(self, ok: bool) -> None:
+        """``reset_prefix_cache`` reached the manager (the scheduler's own, or after its preemptions)."""
+        self._calls.append(ManagerCall("reset", "", ok=ok, obs=self.observe()))
 
     def on_cache(self, request: Any) -> None:
         """The output update cached a drafted request's verified blocks (``cache_blocks``)."""
@@ -202,12 +231,15 @@ class VllmEngine:
         return calls
 
     # -- engine events -----------------------------------------------------------------
-    def arrive(self, req: str, prompt: tuple[int, ...], max_tokens: int, extra: Optional[str]) -> None:
+    def arrive(self, req: str, prompt: tuple[int, ...], max_tokens: int, extra: Optional[str],
+               priority: int = 0) -> None:
         try:
             kw = compat.request_extras(extra, compat.is_legacy(self.request_mod), parse_extra)
         except ValueError as e:
             raise TargetError(f"vllm engine: {e}") from None
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        if priority:
+            kw["priority"] = priority   # only drawn where Request takes it (vllm_inputs.has_priority_policy)
         r = compat.new_request(self.request_mod, req, list(prompt), params, self.hasher, kw)
         self.extras[req] = extra
         self.sched.add_request(r)
@@ -218,13 +250,14 @@ class VllmEngine:
         out = s.schedule()
         bs = self.block_size
         scheduled = dict(out.num_scheduled_tokens)
-        start, slots, sampled = {}, {}, []
+        start, slots, sampled, covered = {}, {}, [], {}
         for rid, n in scheduled.items():
             req = s.requests[rid]
             start[rid] = req.num_computed_tokens - n   # schedule() already advanced it
             table = self._table(rid, 0)
             slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
                                if p // bs < len(table))
+            covered[rid] = len(table) * bs   # positions the table has room for, lookahead included
             at_end = req.num_computed_tokens >= req.num_tokens
             spec = list(out.scheduled_spec_decode_tokens.get(rid, ()))
             if at_end and spec:
@@ -236,6 +269,10 @@ class VllmEngine:
                 sampled.append([sample(rid, req.num_tokens)] if at_end else [])
         preempted = tuple(sorted(rid for rid in running_before
                                  if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
+        # under the priority policy, the order vLLM documents for preemption: (priority, arrival),
+        # the largest first, of every request running when the step was scheduled
+        rank = {rid: (s.requests[rid].priority, s.requests[rid].arrival_time) for rid in running_before
+                if rid in s.requests} if self.shape.policy == "priority" else {}
         ids = list(scheduled)
         k = min(drafts, self.shape.spec_tokens)
         in_output = compat.drafts_in_output(s)   # 0.9.x: proposals come with the step's output
@@ -250,10 +287,17 @@ class VllmEngine:
             from vllm.v1.outputs import DraftTokenIds
             ids = [r.request_id for r in s.running]
             s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
-        return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start)
+        return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
+                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank)
 
     def abort(self, req: str) -> None:
         self.sched.finish_requests(req, self.status.FINISHED_ABORTED)
+
+    def reset_prefix_cache(self, preempt_running: bool = False) -> bool:
+        """An operator's ``reset_prefix_cache`` through the scheduler (``preempt_running``:
+        its ``reset_running_requests``, only where the release takes it)."""
+        kw = {"reset_running_requests": True} if preempt_running else {}
+        return bool(self.sched.reset_prefix_cache(**kw))
 
     # -- reading the state -------------------------------------------------------------
     def _table(self, rid: str, group: int) -> tuple[int, ...]:

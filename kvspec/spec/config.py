@@ -14,6 +14,11 @@ class Config:
     kv_groups: str = "full"    # KV-cache groups sharing the pool, e.g. "full,swa:4" (cache level)
     max_model_len: Optional[int] = None  # per-request token cap (cache level); None: none
     spec_tokens: int = 0       # engine level: speculative decoding with this many draft tokens per step; 0: off
+    spec_method: str = "ngram" # engine level: the drafter ("ngram": no lookahead slots; "draft_model", "eagle":
+                               # the drafter writes KV past the scheduled tokens, spec_tokens lookahead slots)
+    policy: str = "fcfs"       # engine level: the scheduling policy ("fcfs" or "priority")
+    connector: Optional[str] = None  # engine level: a KV connector serving these prompt prefixes' KV
+                               # (token lists joined by '|'; kvspec.engine.vllm_connector); None: none
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -44,6 +44,7 @@ CATALOGUE: dict[str, str] = {
     "HIT_AGREEMENT": "With several KV-cache groups, every group's prefix hit covers exactly the hit length the groups agreed on.",
     "WINDOW": "Every block a still-needed token attends to (its window included) is held; blocks wholly outside every window are null or freed.",
     "SLOTS": "Every scheduled token, draft tokens included, has a slot in every group's table, within the max_model_len cap.",
+    "PRIORITY": "Under the priority policy the engine preempts the running request last in (priority, arrival) order.",
 }
 # The four numbered invariants also have names; the others are their own name.
 NAMES: dict[str, str] = {"I1": "QUEUE_IFF_FREE", "I2": "STABLE_IDS", "I3": "FULL_ONLY", "I4": "CACHED_EVICTABLE"}
@@ -58,6 +59,7 @@ def title(invariant: str) -> str:
 PRIORITY = [
     "NO_HANG", "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "I1", "HIT_AGREEMENT", "WINDOW", "SLOTS", "HASH_CHAIN",
     "MAX_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
+    "PRIORITY",
 ]
 
 

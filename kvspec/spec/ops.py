@@ -149,11 +149,13 @@ class Finish(Op):
 @dataclass(frozen=True)
 class Arrive(Op):
     """A request arrives at the engine with its prompt and ``max_tokens`` (it finishes by
-    length). ``extra``: extra keys as for ``Admit`` (``'lora:NAME@PATH'``, ``'salt:s'``)."""
+    length). ``extra``: extra keys as for ``Admit`` (``'lora:NAME@PATH'``, ``'salt:s'``).
+    ``priority``: under the priority policy, lower values are served first and preempted last."""
     req: str
     prompt: tuple[int, ...]
     max_tokens: int = 4
     extra: Optional[str] = None
+    priority: int = 0
     level: ClassVar[str] = "engine"
 
 
@@ -175,9 +177,18 @@ class Abort(Op):
     level: ClassVar[str] = "engine"
 
 
+@dataclass(frozen=True)
+class ResetPrefixCache(Op):
+    """An operator resets the engine's prefix cache mid-run (vLLM's
+    ``Scheduler.reset_prefix_cache``). It succeeds only when no block is held; with
+    ``preempt_running`` the engine first preempts every running request, and then it must."""
+    preempt_running: bool = False
+    level: ClassVar[str] = "engine"
+
+
 POOL_OPS = (Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset)
 CACHE_OPS = (Admit, Step, Preempt, Finish, Prefill, Verify)
-ENGINE_OPS = (Arrive, EngineStep, Abort)
+ENGINE_OPS = (Arrive, EngineStep, Abort, ResetPrefixCache)
 
 
 def _short_repr(self: Op) -> str:

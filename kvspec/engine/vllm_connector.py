@@ -1,0 +1,100 @@
+"""A small CPU KV connector written against the installed vLLM's own connector interface
+(``KVConnectorBase_V1``), plugged into the real v1 Scheduler the way a deployment plugs
+one in: a ``KVTransferConfig`` naming this module and class.
+
+It plays a remote KV store that holds the KV of a drawn set of prompt prefixes
+(``Config.connector``: token lists joined by '|', each a whole number of blocks). Its
+meaning, which the engine's manager calls are replayed against (``Admit.external``):
+
+- asked for a request (``get_num_new_matched_tokens``), it offers the tokens after the
+  locally computed ones up to the end of the longest remote prefix the request's tokens
+  start with, never the request's last token (the engine computes at least one), and
+  loads them synchronously (the KV is in place when the step runs);
+- those tokens' KV is the KV of exactly that request's prefix (the remote store holds
+  what the prefix computes to), so reading it is as good as computing it.
+
+Only the scheduler side does anything; the worker side (no model runs here) is no-ops.
+Not modelled yet: asynchronous loads (``load_kv_async``), failed loads and invalid blocks.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                               KVConnectorRole)
+
+try:   # a connector must declare hybrid-manager support where the release asks for it
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # pragma: no cover - releases without the hybrid manager's check
+    SupportsHMA = object   # type: ignore[misc,assignment]
+
+CLASS_NAME = "KvspecRemoteConnector"
+
+
+def parse_remote(spec: Optional[str]) -> list[tuple[int, ...]]:
+    """'1,2,3,4|11,12,13,14' -> the remote prefixes, longest first."""
+    if not spec:
+        return []
+    out = [tuple(int(t) for t in part.split(",") if t) for part in spec.split("|")]
+    return sorted((p for p in out if p), key=len, reverse=True)
+
+
+def remote_tokens(tokens: tuple[int, ...] | list[int], computed: int, remote: list[tuple[int, ...]]) -> int:
+    """The connector's offer (see the module doc): tokens after ``computed`` it supplies."""
+    n = len(tokens)
+    for p in remote:
+        if len(p) <= n and tuple(tokens[: len(p)]) == p:
+            return max(0, min(len(p), n - 1) - computed)
+    return 0
+
+
+class KvspecRemoteConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+    """The connector of the module doc."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        import inspect
+        if "kv_cache_config" in inspect.signature(KVConnectorBase_V1.__init__).parameters:
+            super().__init__(vllm_config, role, kv_cache_config)
+        else:   # a release whose connectors take two arguments
+            super().__init__(vllm_config, role)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        self.remote = parse_remote(extra.get("remote"))
+        self.offered: dict[str, int] = {}     # request -> external tokens of its last admission
+
+    # -- scheduler side -----------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
+        n = remote_tokens(list(request.all_token_ids), num_computed_tokens, self.remote)
+        return n, False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self.offered[request.request_id] = num_external_tokens
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        return KVConnectorMetadata()
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
+        self.offered.pop(request.request_id, None)
+        return False, None
+
+    def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
+        return self.request_finished(request, block_ids)
+
+    # -- worker side: no model runs ------------------------------------------------------
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+
+def transfer_config(remote: str) -> Any:
+    """The ``KVTransferConfig`` that plugs this connector in, serving ``remote``."""
+    from vllm.config import KVTransferConfig
+    return KVTransferConfig(kv_connector=CLASS_NAME, kv_connector_module_path=__name__, kv_role="kv_both",
+                            kv_connector_extra_config={"remote": remote})

@@ -1,0 +1,123 @@
+"""Inputs real vLLM deployments send, beyond arrivals, steps and aborts (issue 37, part 3),
+each detected on the installed release by feature (its classes and signatures), never by
+version number, and each with the meaning the checks give it:
+
+- ``reset_prefix_cache`` mid-run (``ResetPrefixCache``): the scheduler's own method. It
+  succeeds only when no block is held (the manager returns False otherwise, and nothing
+  changes); with ``reset_running_requests`` it first preempts every running request, and
+  then it must succeed. The cache-level model replays it as the pool's ``Reset``: a
+  success forgets every hash, so no later admission hits a block cached before it.
+- lookahead slots of a drafter that writes its own KV (``spec_method`` "draft_model" or
+  "eagle", vLLM's ``num_lookahead_tokens``): every request's table covers its scheduled
+  tokens plus that many slots (capped at ``max_model_len``) once the step is scheduled
+  (SLOTS, ``kvspec.engine.checks``). The cache-level model has no op for slots reserved
+  past the computed tokens, so a run with lookahead is judged by the engine-level checks
+  (``translate.Unexpressible``): slots, leaks, the scheduler's and manager's own asserts.
+  EAGLE brings the rest of its configuration with it: the trailing-block drop on a prefix
+  hit, the prefill lookahead, and block hashes that cover the token after each block
+  (the requests are built with that hasher, as vLLM's engine builds them).
+- the priority policy (``policy="priority"``, ``Arrive.priority``): when the scheduler
+  must preempt, it preempts the running request that is last in (priority, arrival)
+  order; a request that survives a step's preemptions never comes after one that was
+  preempted (PRIORITY, ``kvspec.engine.checks``).
+
+- a KV connector (``Config.connector``; ``kvspec.engine.vllm_connector``, a small CPU
+  connector against the release's own ``KVConnectorBase_V1``) serving a drawn set of
+  prompt prefixes: the scheduler admits a request with the connector's tokens as
+  external computed tokens, which the cache-level model replays as ``Admit.external``
+  (slots for them, the KV of exactly that prefix, never cached as the request's own
+  computation until its blocks are full).
+
+Not drawn yet (see reports/vllm-engine-inputs.md): the connector's asynchronous and
+failed loads, async scheduling (two steps in flight), streaming (resumable) requests.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+LOOKAHEAD_DRAFTERS = ("draft_model", "eagle")   # drafters with their own KV: lookahead slots
+
+
+def _params(fn: Any) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+@functools.lru_cache(maxsize=1)
+def features() -> frozenset[str]:
+    """What the installed vLLM's scheduler takes, of: "reset", "reset_preempt",
+    "priority", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
+    speculative config the release accepts with a draft model of the engine's own shape."""
+    out: set[str] = set()
+    try:
+        from vllm.config import SchedulerConfig, VllmConfig
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.request import Request
+    except Exception:
+        return frozenset()
+    reset = getattr(Scheduler, "reset_prefix_cache", None)
+    if callable(reset):
+        out.add("reset")
+        if "reset_running_requests" in _params(reset):
+            out.add("reset_preempt")
+    fields = getattr(SchedulerConfig, "__dataclass_fields__", {}) or {}
+    if "policy" in fields and "priority" in _params(Request.__init__):
+        out.add("priority")
+    if _connector_pluggable():
+        out.add("connector")
+    if isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property) \
+            and "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
+        for method in LOOKAHEAD_DRAFTERS:
+            if _drafter_accepted(method):
+                out.add(f"lookahead:{method}")
+    return frozenset(out)
+
+
+def _connector_pluggable() -> bool:
+    """Whether a connector from a module path plugs into this release (``KVTransferConfig``
+    takes ``kv_connector_module_path``) and kvspec's connector builds against its base."""
+    try:
+        from vllm.config import KVTransferConfig
+        fields = getattr(KVTransferConfig, "__dataclass_fields__", {}) or {}
+        if "kv_connector_module_path" not in fields:
+            return False
+        from kvspec.engine.vllm_connector import KvspecRemoteConnector
+        return not getattr(KvspecRemoteConnector, "__abstractmethods__", None)
+    except Exception:
+        return False
+
+
+def _drafter_accepted(method: str) -> bool:
+    """Whether this release builds a ``SpeculativeConfig`` for ``method`` over the tiny model."""
+    try:
+        from vllm.config import ModelConfig, ParallelConfig
+
+        from kvspec.engine import vllm_compat_engine as compat
+        from kvspec.engine.vllm_engine import tiny_model_dir
+        compat.cpu_platform()
+        model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
+        drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
+        return True
+    except Exception:
+        return False
+
+
+def drafter_config(method: str, k: int, model_dir: str, target_model: Any, parallel: Any) -> Any:
+    """A ``SpeculativeConfig`` for a drafter with its own KV: the draft model is the tiny
+    target model itself (no weights load: only the scheduler runs)."""
+    from vllm.config import SpeculativeConfig
+    return SpeculativeConfig(method=method, model=model_dir, num_speculative_tokens=k,
+                             target_model_config=target_model, target_parallel_config=parallel)
+
+
+def lookahead_hasher(mods: dict[str, Any], block_size: int, ahead: int) -> Any:
+    """vLLM's per-request block hasher whose hashes cover ``ahead`` tokens after each block
+    (EAGLE's ``num_hash_lookahead_tokens``), as the engine builds its requests with it."""
+    from kvspec.targets.vllm_target import Upstream
+    up = Upstream(mods)
+    return up.utils.get_request_block_hasher(block_size, up.hash_fn, ahead)
