@@ -1,4 +1,4 @@
-"""What ``VllmEngine`` needs to drive an older vLLM release's v1 ``Scheduler`` (0.9.x).
+"""What ``VllmEngine`` needs to drive an older vLLM release's v1 ``Scheduler`` (0.9.x on).
 
 The engine level was written against vLLM 0.33.0. A release from before the KV-cache
 coordinator (0.9.x) differs in five places the engine touches, and nowhere else:
@@ -37,10 +37,18 @@ def block_hasher(mods: dict[str, Any], block_size: int) -> Optional[Any]:
 
 def new_request(request_mod: Any, rid: str, prompt: list[int], params: Any, hasher: Optional[Any],
                 kw: dict[str, Any]) -> Any:
-    """A ``Request`` built through whichever constructor the release has."""
-    if not is_legacy(request_mod):
-        return request_mod.Request(rid, prompt, params, None, block_hasher=hasher, **kw)
-    return request_mod.Request(rid, prompt, None, None, None, params, None, 0.0, **kw)
+    """A ``Request`` built through whichever constructor the release has (its call form
+    read once: ``kvspec.targets.vllm_compat.form``). Arguments it requires and the engine
+    has no use for (multimodal inputs, pooling, EOS, arrival time) get their empty value;
+    an arrival time is passed only where required, so the scheduler's clock stays its own."""
+    from kvspec.targets.vllm_compat import form
+    f = form(request_mod.Request)
+    args: dict[str, Any] = {"request_id": rid, "prompt_token_ids": prompt, "sampling_params": params,
+                            "pooling_params": None, "block_hasher": hasher, **kw}
+    for name in f.required:
+        if name not in args:
+            args[name] = 0.0 if name == "arrival_time" else None
+    return request_mod.Request(**{n: v for n, v in args.items() if n in f.takes})
 
 
 def scheduler_kwargs(sched_cls: Any, block_size: int) -> dict[str, Any]:
@@ -164,12 +172,9 @@ def legacy_engine(engine_cls: type) -> type:
                                                                 "extra_kinds": ("salt",)})
 
 
-LEGACY_RELEASES = ((0, 9),)   # the releases this module was checked on (0.9.0); 0.10-0.25 stay refused
-
-
 def drivable_legacy(request_mod: Any) -> bool:
-    """True for a release this module drives: the old ``Request`` API, and a 0.9.x version."""
-    if not is_legacy(request_mod):
-        return False
-    from vllm.version import __version_tuple__
-    return tuple(__version_tuple__[:2]) in LEGACY_RELEASES
+    """True for a release whose manager hashes requests itself (its ``Request`` takes no
+    ``block_hasher``: 0.9.x and 0.10.x), found by feature: the legacy engine drives it.
+    Whether its Scheduler then builds on the CPU is the engine's own answer (a TargetError
+    naming what failed), not a version list."""
+    return is_legacy(request_mod)
