@@ -89,3 +89,26 @@ def test_the_sweep_adds_an_engine_pass_where_the_engine_builds():
         both = [p for n, p, _ in without if n.endswith("caching both")]
         assert pol == (both[0] if both else without[-1][1] if len(without) > 1 else "")
     assert vr.engine_ok({"engine": "yes"}) and not vr.engine_ok({"engine": "no: x"}) and not vr.engine_ok({})
+
+
+def test_findings_are_matched_and_labelled():
+    vr = _tool()
+
+    def finding(inv, level, caching, message=""):
+        return {"invariant": inv, "level": level, "config": {"caching": caching}, "message": message}
+
+    r = {"violations": [finding("NO_CRASH", "engine", True, "... the engine raised IndexError: list index out of range"),
+                        finding("NO_CRASH", "cache", True, "... the target raised AssertionError: ")]}
+    vr.annotate("0.9.0", r, "unhashed_free_first=false")
+    eng, cache = r["violations"]
+    assert "#19459" in eng["upstream"] and eng["label"] == "bug"
+    assert "null block" in cache["upstream"] and cache["label"] == "bug"
+    r = {"violations": [finding("NO_CRASH", "engine", True, "IndexError")]}
+    vr.annotate("0.9.1", r, "")    # outside #19459's releases: not matched, still a bug
+    assert r["violations"][0]["upstream"] == "" and r["violations"][0]["label"] == "bug"
+    r = {"violations": [finding("EVICTION_ORDER", "pool", True)]}
+    vr.annotate("0.10.0", r, "")   # the current-policy pass meets the policy of its time
+    assert r["violations"][0]["label"] == "policy"
+    r = {"violations": [finding("EVICTION_ORDER", "pool", False)]}
+    vr.annotate("0.27.0", r, "")
+    assert "#51482" in r["violations"][0]["upstream"] and r["violations"][0]["label"] == "bug"

@@ -210,7 +210,9 @@ def engine_ok(features: dict) -> bool:
 
 
 # -- upstream changes a finding is matched to -----------------------------------------------
-# (first release affected, first release fixed, invariant, caching mode or None, text)
+# (first release affected, first release fixed, invariant, caching mode or None, text);
+# optionally also (level or None, a regex on the finding's message). The list of shipped
+# bugs and how each range was read off the releases' code: reports/vllm-history.md.
 KNOWN_CHANGES = (
     ("0.27.0", "0.28.0", "EVICTION_ORDER", False,
      "regression: with prefix caching off, free_blocks appends freed blocks, so the most recently "
@@ -222,20 +224,52 @@ KNOWN_CHANGES = (
      "policy of its time, not a bug: freed blocks without a hash went to the tail like cached ones; "
      "vLLM's current order (unhashed first) came with vllm-project/vllm#42656 (\"Apply LRU policy only "
      "to proper cache entries\", merged 2026-05-14), first released in 0.24.0"),
+    ("0.9.0", "0.9.1", "NO_CRASH", True,
+     "vllm-project/vllm#19459: find_longest_cache_hit indexes block_hashes[i] past a stale "
+     "req_to_block_hashes after preemption with speculative decoding (IndexError); 0.9.1 iterates with zip",
+     "engine", r"IndexError"),
+    ("0.9.0", "0.11.0", "NO_CRASH", True,
+     "cache_full_blocks asserts the previous block's hash, which a sliding window has already replaced "
+     "by the null block (AssertionError); gone in 0.11.0, where the hashes come from the Request. Not on "
+     "vLLM's tracker; reachable only with a window of about one block",
+     "cache", r"AssertionError"),
 )
 
 
-def attribute(version: str, finding: dict, policies: str) -> str:
+def _change_matches(change: tuple, version: str, finding: dict) -> bool:
+    first, until, inv, mode = change[:4]
+    level, pattern = (change[5], change[6]) if len(change) > 5 else (None, None)
     caching = (finding.get("config") or {}).get("caching")
-    for first, until, inv, mode, text in KNOWN_CHANGES:
-        if finding.get("invariant") != inv or not in_range(version, first, until):
+    return (finding.get("invariant") == inv and in_range(version, first, until)
+            and (mode is None or caching == mode) and (level is None or finding.get("level") == level)
+            and (pattern is None or re.search(pattern, finding.get("message") or "") is not None))
+
+
+def attribute(version: str, finding: dict, policies: str) -> str:
+    for change in KNOWN_CHANGES:
+        if not _change_matches(change, version, finding):
             continue
-        if mode is not None and caching != mode:
-            continue
+        text = change[4]
         if policies and "unhashed_free_first=false" in policies and "policy of its time" in text:
             continue  # the pass that declares that policy: not explained by it
         return text
     return ""
+
+
+def label(finding: dict) -> str:
+    """The sweep's label of a finding: "policy" where it is matched to a policy of the
+    release's time (declared in that release's second pass), "bug" otherwise (kvspec's own
+    hint label, where it set one, is kept)."""
+    if finding.get("label"):
+        return finding["label"]
+    return "policy" if "policy of its time" in (finding.get("upstream") or "") else "bug"
+
+
+def annotate(version: str, result: dict, policies: str) -> None:
+    """Each finding of one pass matched to its upstream change and labelled."""
+    for f in result.get("violations", []) + result.get("robustness", []):
+        f["upstream"] = attribute(version, f, policies)
+        f["label"] = label(f)
 
 
 # -- running one release ------------------------------------------------------------------
@@ -336,8 +370,7 @@ def run_release(version: str, max_examples: int, cache: Path = CACHE, engine: bo
     row.update(drivable=True, features=feats, passes=[])
     for name, pol, level in passes_for(version, engine_ok(feats) and engine):
         res = check(version, pol, max_examples if level != "engine" else engine_examples, cache, level)
-        for f in res.get("violations", []) + res.get("robustness", []):
-            f["upstream"] = attribute(version, f, pol)
+        annotate(version, res, pol)
         row["passes"].append({"name": name, "policies": pol, **res})
     return row
 
@@ -408,8 +441,7 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
             res = dict(rec.get("result") or {"verdict": "error", "error": rec.get("error")})
             res["exit_code"] = rec.get("exit_code")
             res["wall_seconds"] = round(float(rec.get("seconds") or 0.0), 1)
-            for f in res.get("violations", []) + res.get("robustness", []):
-                f["upstream"] = attribute(v, f, pol)
+            annotate(v, res, pol)
             by_version[v]["passes"].append({"name": name, "policies": pol, **res})
         print(f"{v}: " + ", ".join(p["verdict"] for p in by_version[v]["passes"]), flush=True)
     return rows
@@ -420,7 +452,8 @@ def _finding_md(f: dict) -> list[str]:
     cfg = f.get("config") or {}
     mode = "caching " + ("on" if cfg.get("caching") else "off")
     steps = "; ".join(f.get("steps_text") or [])
-    out = [f"  - **{f.get('invariant')}** ({f.get('level')} level, {mode}, {f.get('num_steps')} steps"
+    out = [f"  - **{f.get('invariant')}**, {f.get('label') or 'unlabelled'} ({f.get('level')} level, {mode}, "
+           f"{f.get('num_steps')} steps, found at example {f.get('examples_to_failure')}"
            f"{', minimal' if f.get('minimal') else ''}): {f.get('message')}",
            f"    repro: `{steps}`"]
     out.append(f"    upstream: {f['upstream']}" if f.get("upstream") else
