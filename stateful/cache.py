@@ -41,7 +41,8 @@ def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[str, ...]]:
     ``Traits.cache_missing``) can take; with nothing missing, GROUP_SPECS and EXTRAS."""
     def spec_ok(spec: str) -> bool:
         kinds = [p.partition(":")[0] for p in spec.split(",")]
-        return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing
+        return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
+            and (len(set(kinds)) < 3 or "three_kinds" not in missing)
     specs = tuple(s for s in GROUP_SPECS if spec_ok(s)) or ("full",)
     extras = tuple(e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing)
     return specs, extras

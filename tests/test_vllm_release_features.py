@@ -30,6 +30,7 @@ def test_nothing_missing_draws_every_layout_and_key():
 
 
 @pytest.mark.parametrize("missing", [{"groups"}, {"chunked"}, {"swa", "chunked"}, {"groups", "chunked", "mm"},
+                                     {"three_kinds"},
                                      {"lora", "salt"}, set(FEATURES)])
 def test_a_missing_feature_is_never_drawn(missing):
     specs, extras = drawable(frozenset(missing))
@@ -38,11 +39,13 @@ def test_a_missing_feature_is_never_drawn(missing):
         kinds = {p.partition(":")[0] for p in spec.split(",")}
         assert not kinds & missing
         assert "groups" not in missing or len(spec.split(",")) == 1
+        assert "three_kinds" not in missing or len(kinds) < 3
     for label in extras:
         assert not {i.partition(":")[0] for i in label.split(";")} & missing
     # and nothing drawable is dropped: every layout and key that avoids them stays
     keep = [s for s in GROUP_SPECS if not {p.partition(":")[0] for p in s.split(",")} & missing
-            and ("groups" not in missing or "," not in s)]
+            and ("groups" not in missing or "," not in s)
+            and ("three_kinds" not in missing or len({p.partition(":")[0] for p in s.split(",")}) < 3)]
     assert list(specs) == (keep or ["full"])
     assert len(extras) == len([e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing])
 
@@ -50,7 +53,11 @@ def test_a_missing_feature_is_never_drawn(missing):
 def test_cache_api_missing_names_what_a_release_lacks():
     old = CacheApi(kinds=frozenset({"full", "swa"}), several_groups=False, external=False, draft_arg=True,
                    extra=frozenset({"lora", "salt", "mm"}), mm_layout="hashes", hit_values=2)
-    assert old.missing == {"groups", "chunked", "external"}
+    assert old.missing == {"groups", "chunked", "external", "three_kinds"}
+    two = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=False,
+                   draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=2,
+                   three_kinds=False)
+    assert two.missing == {"external", "three_kinds"}
     new = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=True,
                    draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=3)
     assert new.missing == frozenset()

@@ -186,7 +186,7 @@ class Api:
 
 # The cache-level features a release may lack (the groups driver's vocabulary; the cache
 # machine draws none of those a target declares missing: Traits.cache_missing).
-FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm")
+FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm", "three_kinds")
 # --kv-groups kind -> the release's spec class for it
 SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}
 
@@ -203,6 +203,7 @@ class CacheApi:
     extra: frozenset            # "lora", "salt", "mm": the extra keys its Request takes
     mm_layout: str              # "features" (mm_features) / "hashes" (multi_modal_hashes+placeholders) / ""
     hit_values: int             # what get_computed_blocks returns: 2 or 3 values
+    three_kinds: bool = True    # the coordinator takes groups of three kinds (full, swa, chunked) at once
 
     @property
     def missing(self) -> frozenset:
@@ -214,6 +215,8 @@ class CacheApi:
             have.add("groups")
         if self.external:
             have.add("external")
+        if self.several_groups and self.three_kinds:
+            have.add("three_kinds")
         return frozenset(f for f in FEATURES if f not in have)
 
 
@@ -242,10 +245,24 @@ def cache_api(up: Api) -> Optional[CacheApi]:
     if layout:
         extra.add("mm")
     three = str(inspect.signature(cls.get_computed_blocks).return_annotation).count("int") >= 2
-    return CacheApi(kinds=kinds, several_groups=optional_module("vllm.v1.core.kv_cache_coordinator") is not None,
+    several = optional_module("vllm.v1.core.kv_cache_coordinator") is not None
+    return CacheApi(kinds=kinds, several_groups=several,
                     external=_takes(cls, "allocate_slots", "num_external_computed_tokens"),
                     draft_arg=_takes(cls, "allocate_slots", "num_draft_tokens"),
-                    extra=frozenset(extra), mm_layout=layout, hit_values=3 if three else 2)
+                    extra=frozenset(extra), mm_layout=layout, hit_values=3 if three else 2,
+                    three_kinds=several and {"swa", "chunked"} <= kinds and _takes_three_kinds(up))
+
+
+def _takes_three_kinds(up: Api) -> bool:
+    """Whether this release's coordinator builds over full, sliding-window and chunked groups
+    at once (0.11.0's "assumes exactly one other type of groups"): asked of the release itself,
+    by building one small manager."""
+    from kvspec.targets.vllm_groups import build_kv_cache_config, build_manager
+    try:
+        build_manager(up.manager, build_kv_cache_config("full,swa:2,chunked:4", 6, 2, up.interface), 2, True)
+    except TargetError:
+        return False
+    return True
 
 
 def has_current_manager_api(up: Api) -> bool:
