@@ -160,9 +160,9 @@ def _no_replay(self: Any) -> Any:
 
 
 def legacy_engine(engine_cls: type) -> type:
-    """The engine class for a 0.9.x release: the same driver, minus ``manager_calls``, so
-    the engine session does not replay the scheduler's manager calls through the cache
-    model. That model's admission follows the current manager (whose chunked-prefill
+    """The engine class for an older release (``drivable_legacy``): the same driver, minus
+    ``manager_calls``, so the engine session does not replay the scheduler's manager calls
+    through the cache model. That model's admission follows the current manager (whose chunked-prefill
     admission 0.9.x's does not share: on 0.9.0 seed 0 it calls an 8-token chunk of a
     16-token prompt with 3 blocks free "admitted although too few blocks were free"), so
     on 0.9.x it would report the model's difference, not a bug. What stays: a crash or
@@ -172,9 +172,23 @@ def legacy_engine(engine_cls: type) -> type:
                                                                 "extra_kinds": ("salt",)})
 
 
-def drivable_legacy(request_mod: Any) -> bool:
-    """True for a release whose manager hashes requests itself (its ``Request`` takes no
-    ``block_hasher``: 0.9.x and 0.10.x), found by feature: the legacy engine drives it.
-    Whether its Scheduler then builds on the CPU is the engine's own answer (a TargetError
-    naming what failed), not a version list."""
-    return is_legacy(request_mod)
+def caches_verified_drafts(sched_mod: Any) -> bool:
+    """Whether the scheduler's output update caches a drafted request's verified blocks
+    (``kv_cache_manager.cache_blocks`` in ``update_from_output``, read off its code). The
+    engine's manager-call replay turns that call into the cache model's Verify; a release
+    without it (to 0.30.x: its next ``allocate_slots`` caches them) would replay the next
+    step as a Step over unverified drafts, the model's misreading, not the release's bug."""
+    try:
+        src = inspect.getsource(sched_mod.Scheduler.update_from_output)
+    except (OSError, TypeError, AttributeError):
+        return True   # no source to read: the current engine, as for 0.33.0
+    return "cache_blocks" in src
+
+
+def drivable_legacy(request_mod: Any, sched_mod: Optional[Any] = None) -> bool:
+    """True for a release the legacy engine (no manager-call replay) drives, found by
+    feature: its manager hashes requests itself (its ``Request`` takes no ``block_hasher``:
+    0.9.x and 0.10.x), or its scheduler does not cache verified drafts in the output update
+    (``caches_verified_drafts``). Whether its Scheduler then builds on the CPU is the
+    engine's own answer (a TargetError naming what failed), not a version list."""
+    return is_legacy(request_mod) or (sched_mod is not None and not caches_verified_drafts(sched_mod))
