@@ -16,7 +16,11 @@ Differences it covers (first release that has the newer shape in brackets):
 - ``Request``'s constructor (prompt, multi-modal, pooling and hasher arguments);
 - ``KVCacheManager(block_size, num_gpu_blocks, ...)`` (to 0.8.2) or ``(kv_cache_config, ...)``,
   ``allocate_slots`` with or without ``num_new_computed_tokens`` (0.9.0), and
-  ``KVCacheConfig``'s field names.
+  ``KVCacheConfig``'s field names;
+- what the groups driver may draw on a release (``cache_api``): several groups (a
+  coordinator, 0.9.1; all three kinds at once, later than 0.11.0), each group kind,
+  connector tokens as their own argument (by 0.14.0), drafts, extra keys in the Request's
+  layout (``multi_modal_hashes`` to 0.10.x, ``mm_features`` from 0.11.0).
 """
 from __future__ import annotations
 
@@ -263,18 +267,6 @@ def _takes_three_kinds(up: Api) -> bool:
     except TargetError:
         return False
     return True
-
-
-def has_current_manager_api(up: Api) -> bool:
-    """Whether the manager takes ``scheduler_block_size`` and ``hash_block_size`` and
-    Requests hash themselves and get_computed_blocks
-    returns three values (0.26.0 on): what kvspec.targets.vllm_groups builds on."""
-    cls = up.manager.KVCacheManager
-    ps = params(cls)
-    # The groups driver also unpacks get_computed_blocks' three values (0.26.0 on).
-    three = str(inspect.signature(cls.get_computed_blocks).return_annotation).count("int") >= 2
-    return "scheduler_block_size" in ps and "hash_block_size" in ps and \
-        hasattr(up.utils, "get_request_block_hasher") and three
 
 
 def new_pool(cls: type, num_blocks: int, caching: bool, block_size: int) -> Any:
