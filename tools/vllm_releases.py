@@ -2,6 +2,7 @@
 ``vllm/v1/core/block_pool.py`` and write ``reports/vllm-releases.md`` (+ ``.json``).
 
     python tools/vllm_releases.py [--releases 0.8.0,0.20.0,...] [--max-examples 200]
+                                  [--engine-examples 60 | --no-engine]
                                   [--cache DIR] [--jobs 1] [--skip-fetch]
                                   [--campaign [--address HEAD:6379] [--results DIR]]
                                   [--write-campaign FILE.toml]
@@ -12,7 +13,10 @@ files are extracted into ``DIR/X/vllm`` (default ``~/.cache/kvspec/vllm-releases
 never into site-packages, never into the repository. No CUDA code is needed: kvspec
 drives the allocator on CPU. Then ``kvspec check --target vllm --level all --json``
 runs in a subprocess whose ``PYTHONPATH`` starts with that tree, so it shadows the
-installed vLLM, and the verdicts go into one row per release.
+installed vLLM, and the verdicts go into one row per release. Where the probe builds the
+release's v1 Scheduler on the CPU (``engine: yes``), an engine-level pass follows
+(``--level engine``, ``--engine-examples``). Each finding is matched to a known upstream
+change (``KNOWN_CHANGES``; reports/vllm-history.md) and labelled ``bug`` or ``policy``.
 
 With ``--campaign`` the checks (every release x pass) run as one ``kvspec campaign``
 (Ray: local, or a cluster with ``--address``, whose nodes must see the same cache
