@@ -113,6 +113,11 @@ def test_findings_are_matched_and_labelled():
     r = {"violations": [finding("NO_CRASH", "engine", True, "IndexError")]}
     vr.annotate("0.9.1", r, "")    # outside #19459's releases: not matched, still a bug
     assert r["violations"][0]["upstream"] == "" and r["violations"][0]["label"] == "bug"
+    mm = ("block 3: two different contents (group 0, extra keys (None, None, (('X', 1),)), prefix [1, 2, 3, 4] and "
+          "group 0, extra keys (None, None, (('X', 2),)), prefix [1, 2, 3, 4]) got the same hash")
+    r = {"violations": [finding("HASH_CHAIN", "cache", True, mm)]}
+    vr.annotate("0.14.0", r, "unhashed_free_first=false")
+    assert "#36708" in r["violations"][0]["upstream"] and r["violations"][0]["label"] == "bug"
     r = {"violations": [finding("EVICTION_ORDER", "pool", True)]}
     vr.annotate("0.10.0", r, "")   # the current-policy pass meets the policy of its time
     assert r["violations"][0]["label"] == "policy"

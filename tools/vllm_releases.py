@@ -237,6 +237,11 @@ KNOWN_CHANGES = (
      "by the null block (AssertionError); gone in 0.11.0, where the hashes come from the Request. Not on "
      "vLLM's tracker; reachable only with a window of about one block",
      "cache", r"AssertionError"),
+    ("0.9.0", "0.19.0", "HASH_CHAIN", True,
+     "a multimodal input's extra key is its hash without its offset in the block: the same item at another "
+     "offset over the same tokens gets the same block hash; fixed by vllm-project/vllm#36708 (\"disambiguate "
+     "multimodal prefix cache keys\", merged 2026-03-10), first read fixed in 0.19.0 (0.18.x not read)",
+     "cache", r"extra keys \(.*\(\('"),
 )
 
 
