@@ -35,6 +35,19 @@ _DRAFT_COUNT = st.one_of(st.just(0), st.integers(0, 3))
 _SMALL = st.integers(1, 4)
 
 
+@lru_cache(maxsize=None)
+def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The group specs and extra-key labels a target lacking ``missing`` (features, as in
+    ``Traits.cache_missing``) can take; with nothing missing, GROUP_SPECS and EXTRAS."""
+    def spec_ok(spec: str) -> bool:
+        kinds = [p.partition(":")[0] for p in spec.split(",")]
+        return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
+            and (len(set(kinds)) < 3 or "three_kinds" not in missing)
+    specs = tuple(s for s in GROUP_SPECS if spec_ok(s)) or ("full",)
+    extras = tuple(e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing)
+    return specs, extras
+
+
 def chunk_tokens(block_size: int) -> list[list[int]]:
     """Chunk c is the block ``[10c+1, ..., 10c+block_size]``."""
     return [[10 * c + i + 1 for i in range(block_size)] for c in range(NUM_CHUNKS)]
@@ -74,7 +87,7 @@ class CacheMachine(KVMachine):
         extra = {}
         if self.features:
             extra["kv_groups"] = self.kv_groups or whole_block_chunks(
-                data.draw(st.sampled_from(GROUP_SPECS), label="kv_groups"), bs)
+                data.draw(st.sampled_from(self._drawable[0]), label="kv_groups"), bs)
             extra["max_model_len"] = data.draw(st.one_of(st.none(), st.integers(3, 16)), label="max_model_len")
         elif self.kv_groups is not None:
             extra["kv_groups"] = self.kv_groups
@@ -87,15 +100,26 @@ class CacheMachine(KVMachine):
     def features(self) -> bool:
         return bool(getattr(self.target.traits, "cache_features", False))
 
+    @property
+    def _missing(self) -> frozenset:
+        return getattr(self.target.traits, "cache_missing", frozenset())
+
+    @property
+    def _drawable(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return drawable(self._missing)
+
     def _admit_options(self, data, n: int, new: bool) -> dict:
         """Chunk, extra keys and connector tokens of an admission (targets with features)."""
         if not self.features:
             return {}
         chunk = data.draw(_CHUNK, label="chunk")
+        missing = self._missing
         out = {"chunk": None if chunk is None else min(chunk, max(n, 1)),
-               "external": min(data.draw(_EXTERNAL, label="external"), n)}
+               "external": 0 if "external" in missing else min(data.draw(_EXTERNAL, label="external"), n)}
         if new:
-            out["extra"] = data.draw(_EXTRA, label="extra")
+            extras = self._drawable[1]
+            out["extra"] = data.draw(_EXTRA if not missing else st.one_of(st.none(), st.sampled_from(extras))
+                                     if extras else st.none(), label="extra")
         return out
 
     def _steppable(self) -> list[str]:
@@ -129,7 +153,7 @@ class CacheMachine(KVMachine):
         tokens = [t for c in chunk_tokens(self.session.config.block_size) for t in c]
         token = data.draw(st.sampled_from(tokens), label="token")
         drafts = ()
-        if self.features:
+        if self.features and "drafts" not in self._missing:
             k = data.draw(_DRAFT_COUNT, label="drafts")
             drafts = tuple(data.draw(st.sampled_from(tokens), label="draft") for _ in range(k))
         self.run(Step(rid, token, drafts))

@@ -2,6 +2,7 @@
 ``vllm/v1/core/block_pool.py`` and write ``reports/vllm-releases.md`` (+ ``.json``).
 
     python tools/vllm_releases.py [--releases 0.8.0,0.20.0,...] [--max-examples 200]
+                                  [--engine-examples 60 | --no-engine]
                                   [--cache DIR] [--jobs 1] [--skip-fetch]
                                   [--campaign [--address HEAD:6379] [--results DIR]]
                                   [--write-campaign FILE.toml]
@@ -12,7 +13,10 @@ files are extracted into ``DIR/X/vllm`` (default ``~/.cache/kvspec/vllm-releases
 never into site-packages, never into the repository. No CUDA code is needed: kvspec
 drives the allocator on CPU. Then ``kvspec check --target vllm --level all --json``
 runs in a subprocess whose ``PYTHONPATH`` starts with that tree, so it shadows the
-installed vLLM, and the verdicts go into one row per release.
+installed vLLM, and the verdicts go into one row per release. Where the probe builds the
+release's v1 Scheduler on the CPU (``engine: yes``), an engine-level pass follows
+(``--level engine``, ``--engine-examples``). Each finding is matched to a known upstream
+change (``KNOWN_CHANGES``; reports/vllm-history.md) and labelled ``bug`` or ``policy``.
 
 With ``--campaign`` the checks (every release x pass) run as one ``kvspec campaign``
 (Ray: local, or a cluster with ``--address``, whose nodes must see the same cache
@@ -179,22 +183,40 @@ def in_range(version: str, first: str, until: str) -> bool:
     return version_key(first) <= version_key(version) < version_key(until)
 
 
-def passes_for(version: str) -> list[tuple[str, str]]:
-    """(name, KVSPEC_VLLM_POLICIES) of each check pass: vLLM's current policy, then,
-    where the release predates it, the policy of its time, per caching mode."""
-    out = [("current policy", "")]
+ENGINE_PASS = "engine level"
+ENGINE_EXAMPLES = 60   # the engine pass's default --max-examples (an example runs the real scheduler)
+
+
+def passes_for(version: str, engine: bool = False) -> list[tuple[str, str, str]]:
+    """(name, KVSPEC_VLLM_POLICIES, level) of each check pass: vLLM's current policy, then,
+    where the release predates it, the policy of its time, per caching mode (pool and cache
+    levels: ``all``); then, where the release's Scheduler builds on the CPU (``engine``,
+    from the probe), the engine level under the policy of its time."""
+    out = [("current policy", "", "all")]
     old = [(decl, why) for first, until, decl, why in POLICY_HISTORY if in_range(version, first, until)]
     on = [d for d, _ in old if "fifo" not in d]
     if old and len(on) == len(old):  # one declaration covers both caching modes
-        out.append(("its time's policy, caching both", ";".join(on)))
+        out.append(("its time's policy, caching both", ";".join(on), "all"))
     elif old:
-        out.append(("its time's policy, caching on", ";".join(['prefix_caching="on"', *on])))
-        out.append(("its time's policy, caching off", ";".join(['prefix_caching="off"', *(d for d, _ in old)])))
+        out.append(("its time's policy, caching on", ";".join(['prefix_caching="on"', *on]), "all"))
+        out.append(("its time's policy, caching off", ";".join(['prefix_caching="off"', *(d for d, _ in old)]), "all"))
+    if engine:
+        # one engine pass, caching drawn per example: under the one declaration that covers
+        # both modes, or vLLM's current policy where the release predates none
+        both = [p for n, p, _ in out if n == "its time's policy, caching both"]
+        out.append((ENGINE_PASS, both[0] if both else ("" if not old else out[-1][1]), "engine"))
     return out
 
 
+def engine_ok(features: dict) -> bool:
+    """Whether the probe built this release's engine (its v1 Scheduler on the CPU)."""
+    return features.get("engine") == "yes"
+
+
 # -- upstream changes a finding is matched to -----------------------------------------------
-# (first release affected, first release fixed, invariant, caching mode or None, text)
+# (first release affected, first release fixed, invariant, caching mode or None, text);
+# optionally also (level or None, a regex on the finding's message). The list of shipped
+# bugs and how each range was read off the releases' code: reports/vllm-history.md.
 KNOWN_CHANGES = (
     ("0.27.0", "0.28.0", "EVICTION_ORDER", False,
      "regression: with prefix caching off, free_blocks appends freed blocks, so the most recently "
@@ -206,20 +228,57 @@ KNOWN_CHANGES = (
      "policy of its time, not a bug: freed blocks without a hash went to the tail like cached ones; "
      "vLLM's current order (unhashed first) came with vllm-project/vllm#42656 (\"Apply LRU policy only "
      "to proper cache entries\", merged 2026-05-14), first released in 0.24.0"),
+    ("0.9.0", "0.9.1", "NO_CRASH", True,
+     "vllm-project/vllm#19459: find_longest_cache_hit indexes block_hashes[i] past a stale "
+     "req_to_block_hashes after preemption with speculative decoding (IndexError); 0.9.1 iterates with zip",
+     "engine", r"IndexError"),
+    ("0.9.0", "0.11.0", "NO_CRASH", True,
+     "cache_full_blocks asserts the previous block's hash, which a sliding window has already replaced "
+     "by the null block (AssertionError); gone in 0.11.0, where the hashes come from the Request. Not on "
+     "vLLM's tracker; reachable only with a window of about one block",
+     "cache", r"AssertionError"),
+    ("0.9.0", "0.19.0", "HASH_CHAIN", True,
+     "a multimodal input's extra key is its hash without its offset in the block: the same item at another "
+     "offset over the same tokens gets the same block hash; fixed by vllm-project/vllm#36708 (\"disambiguate "
+     "multimodal prefix cache keys\", merged 2026-03-10), first read fixed in 0.19.0 (0.18.x not read)",
+     "cache", r"extra keys \(.*\(\('"),
 )
 
 
-def attribute(version: str, finding: dict, policies: str) -> str:
+def _change_matches(change: tuple, version: str, finding: dict) -> bool:
+    first, until, inv, mode = change[:4]
+    level, pattern = (change[5], change[6]) if len(change) > 5 else (None, None)
     caching = (finding.get("config") or {}).get("caching")
-    for first, until, inv, mode, text in KNOWN_CHANGES:
-        if finding.get("invariant") != inv or not in_range(version, first, until):
+    return (finding.get("invariant") == inv and in_range(version, first, until)
+            and (mode is None or caching == mode) and (level is None or finding.get("level") == level)
+            and (pattern is None or re.search(pattern, finding.get("message") or "") is not None))
+
+
+def attribute(version: str, finding: dict, policies: str) -> str:
+    for change in KNOWN_CHANGES:
+        if not _change_matches(change, version, finding):
             continue
-        if mode is not None and caching != mode:
-            continue
+        text = change[4]
         if policies and "unhashed_free_first=false" in policies and "policy of its time" in text:
             continue  # the pass that declares that policy: not explained by it
         return text
     return ""
+
+
+def label(finding: dict) -> str:
+    """The sweep's label of a finding: "policy" where it is matched to a policy of the
+    release's time (declared in that release's second pass), "bug" otherwise (kvspec's own
+    hint label, where it set one, is kept)."""
+    if finding.get("label"):
+        return finding["label"]
+    return "policy" if "policy of its time" in (finding.get("upstream") or "") else "bug"
+
+
+def annotate(version: str, result: dict, policies: str) -> None:
+    """Each finding of one pass matched to its upstream change and labelled."""
+    for f in result.get("violations", []) + result.get("robustness", []):
+        f["upstream"] = attribute(version, f, policies)
+        f["label"] = label(f)
 
 
 # -- running one release ------------------------------------------------------------------
@@ -241,6 +300,14 @@ elif hasattr(sys.modules["vllm.utils"], "get_hash_fn_by_name"):
 else:
     hashing = "vllm.utils.sha256" if up.hash_fn is not None else "builtin hash()"
 queue = c.new_pool(bp, 4, True, 2).free_block_queue
+api = t.cache_api
+engine = "yes"
+try:  # the engine level: does this release's v1 Scheduler build on the CPU (one line if not)
+    from kvspec.engine.drivers import engine_driver
+    from kvspec.spec.config import Config
+    engine_driver(t, Config(level="engine", num_blocks=12, block_size=4, caching=True))
+except BaseException as e:
+    engine = "no: " + (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
 print(json.dumps({
     "version": getattr(vllm, "__version__", "?"), "file": vllm.__file__,
     "null_block": t.traits.null_block, "cache_driver": "groups" if t.groups else "one-group (compat)",
@@ -254,6 +321,7 @@ print(json.dumps({
     "allocate_slots": str(inspect.signature(mgr.allocate_slots)),
     "Request": str(inspect.signature(up.request.Request.__init__)),
     "free_queue": "sentinels" if hasattr(queue, "fake_free_list_head") else "open list",
+    "cache_missing": sorted(api.missing) if api is not None else None, "engine": engine,
 }))
 """
 
@@ -284,9 +352,9 @@ def probe(version: str, cache: Path = CACHE) -> dict:
     return got
 
 
-def check(version: str, policies: str, max_examples: int, cache: Path = CACHE) -> dict:
-    cmd = ["kvspec", "check", "--target", "vllm", "--level", "all", "--max-examples", str(max_examples),
-           "--seed", "0", "--json", "--report-dir", str(cache / "_repros" / version)]
+def check(version: str, policies: str, max_examples: int, cache: Path = CACHE, level: str = "all") -> dict:
+    cmd = ["kvspec", "check", "--target", "vllm", "--level", level, "--max-examples", str(max_examples),
+           "--seed", "0", "--json", "--report-dir", str(cache / "_repros" / version / level)]
     t0 = time.time()
     r = subprocess.run(cmd, env=env_for(version, cache, policies), capture_output=True, text=True,
                        cwd=tempfile.gettempdir())
@@ -296,7 +364,9 @@ def check(version: str, policies: str, max_examples: int, cache: Path = CACHE) -
     return got
 
 
-def run_release(version: str, max_examples: int, cache: Path = CACHE) -> dict:
+def run_release(version: str, max_examples: int, cache: Path = CACHE, engine: bool = True,
+                engine_examples: int = 0) -> dict:
+    engine_examples = engine_examples or max_examples
     row: dict[str, Any] = {"version": version}
     reason = fetch(version, cache)
     if reason:
@@ -307,10 +377,9 @@ def run_release(version: str, max_examples: int, cache: Path = CACHE) -> dict:
         row.update(drivable=False, reason=feats["error"])
         return row
     row.update(drivable=True, features=feats, passes=[])
-    for name, pol in passes_for(version):
-        res = check(version, pol, max_examples, cache)
-        for f in res.get("violations", []) + res.get("robustness", []):
-            f["upstream"] = attribute(version, f, pol)
+    for name, pol, level in passes_for(version, engine_ok(feats) and engine):
+        res = check(version, pol, max_examples if level != "engine" else engine_examples, cache, level)
+        annotate(version, res, pol)
         row["passes"].append({"name": name, "policies": pol, **res})
     return row
 
@@ -320,16 +389,19 @@ def _toml_str(x: str) -> str:
     return json.dumps(x)  # a JSON string is a TOML basic string (\" and \\ escapes)
 
 
-def campaign_toml(versions: list[str], max_examples: int, cache: Path = CACHE, root: str = str(ROOT)) -> str:
+def campaign_toml(versions: list[str], max_examples: int, cache: Path = CACHE, root: str = str(ROOT),
+                  engines: Optional[dict[str, bool]] = None, engine_examples: int = 0) -> str:
     """One [[matrix]] table (one job) per release and pass, in order: the same
-    ``kvspec check`` as ``check()`` runs, with the release's tree first on its path."""
+    ``kvspec check`` as ``check()`` runs, with the release's tree first on its path
+    (``engines``: the releases whose engine level runs, from the probe)."""
     lines = ["# generated by tools/vllm_releases.py --write-campaign: one job per release and pass",
              "[campaign]", 'name = "vllm-releases"', ""]
     for v in versions:
-        for name, pol in passes_for(v):
+        for name, pol, level in passes_for(v, bool((engines or {}).get(v))):
             path = [str(tree(v, cache)), *deps_path(v, cache), root]
-            lines += ["[[matrix]]", 'command = "check"', 'target = "vllm"', 'level = "all"',
-                      f"max_examples = {max_examples}", "seed = 0", f"label = {_toml_str(f'{v}: {name}')}",
+            n = engine_examples or max_examples if level == "engine" else max_examples
+            lines += ["[[matrix]]", 'command = "check"', 'target = "vllm"', f"level = {_toml_str(level)}",
+                      f"max_examples = {n}", "seed = 0", f"label = {_toml_str(f'{v}: {name}')}",
                       "pythonpath = [" + ", ".join(_toml_str(p) for p in path) + "]"]
             if pol:
                 lines.append(f"env = {{ KVSPEC_VLLM_POLICIES = {_toml_str(pol)} }}")
@@ -338,7 +410,7 @@ def campaign_toml(versions: list[str], max_examples: int, cache: Path = CACHE, r
 
 
 def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int, address: Optional[str],
-                 results: Path) -> list[dict]:
+                 results: Path, engine: bool = True, engine_examples: int = 0) -> list[dict]:
     """The rows of ``run_release``, the checks run by ``kvspec campaign``."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -359,7 +431,8 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
         return rows
     results.mkdir(parents=True, exist_ok=True)
     toml = results / "vllm_releases.toml"
-    toml.write_text(campaign_toml(driven, max_examples, cache))
+    engines = {r["version"]: engine and engine_ok(r["features"]) for r in rows if r["drivable"]}
+    toml.write_text(campaign_toml(driven, max_examples, cache, engines=engines, engine_examples=engine_examples))
     cmd = ["kvspec", "campaign", str(toml), "--results", str(results), "--json"] + (["--address", address] if address else [])
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if r.returncode == 2 and not (results / "campaign.json").exists():
@@ -368,7 +441,7 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
     campaign_jobs = iter(load_campaign(toml).jobs)  # one job per table, in the order campaign_toml wrote them
     by_version = {row["version"]: row for row in rows}
     for v in driven:
-        for name, pol in passes_for(v):
+        for name, pol, _ in passes_for(v, engines[v]):
             job = next(campaign_jobs)
             try:
                 rec = json.loads((results / "jobs" / f"{job.id}.json").read_text())
@@ -377,8 +450,7 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
             res = dict(rec.get("result") or {"verdict": "error", "error": rec.get("error")})
             res["exit_code"] = rec.get("exit_code")
             res["wall_seconds"] = round(float(rec.get("seconds") or 0.0), 1)
-            for f in res.get("violations", []) + res.get("robustness", []):
-                f["upstream"] = attribute(v, f, pol)
+            annotate(v, res, pol)
             by_version[v]["passes"].append({"name": name, "policies": pol, **res})
         print(f"{v}: " + ", ".join(p["verdict"] for p in by_version[v]["passes"]), flush=True)
     return rows
@@ -389,7 +461,8 @@ def _finding_md(f: dict) -> list[str]:
     cfg = f.get("config") or {}
     mode = "caching " + ("on" if cfg.get("caching") else "off")
     steps = "; ".join(f.get("steps_text") or [])
-    out = [f"  - **{f.get('invariant')}** ({f.get('level')} level, {mode}, {f.get('num_steps')} steps"
+    out = [f"  - **{f.get('invariant')}**, {f.get('label') or 'unlabelled'} ({f.get('level')} level, {mode}, "
+           f"{f.get('num_steps')} steps, found at example {f.get('examples_to_failure')}"
            f"{', minimal' if f.get('minimal') else ''}): {f.get('message')}",
            f"    repro: `{steps}`"]
     out.append(f"    upstream: {f['upstream']}" if f.get("upstream") else
@@ -433,18 +506,21 @@ def write_report(rows: list[dict], out: Path, command: str, seconds: float) -> N
     for first, until, decl, why in POLICY_HISTORY:
         lines.append(f"- {first} to before {until}: `{decl}`: {why}.")
     lines += ["", "## Summary", "",
-              "| release | drivable | verdict (current policy) | verdict (its time's policy) | findings |",
-              "|---|---|---|---|---|"]
+              "| release | drivable | verdict (current policy) | verdict (its time's policy) | engine level | findings |",
+              "|---|---|---|---|---|---|"]
     for r in rows:
         if not r.get("drivable"):
-            lines.append(f"| {r['version']} | no: {r['reason'].replace('|', '/')} | | | |")
+            lines.append(f"| {r['version']} | no: {r['reason'].replace('|', '/')} | | | | |")
             continue
         cur = r["passes"][0]
-        old = r["passes"][1:]
+        old = [p for p in r["passes"][1:] if p["name"] != ENGINE_PASS]
+        eng = [p for p in r["passes"] if p["name"] == ENGINE_PASS]
         oldv = ", ".join(f"{p['verdict']} (caching {p['name'].rsplit(' ', 1)[-1]})" for p in old) or "n/a"
+        engv = eng[0]["verdict"] if eng else ("not run" if "engine" not in r["features"]
+                                              else r["features"]["engine"].replace("|", "/")[:80])
         n = sum(len(p.get("violations", [])) for p in r["passes"])
         err = f" ({cur['error']})" if cur.get("error") else ""
-        lines.append(f"| {r['version']} | yes | {cur['verdict']}{err} | {oldv} | {n} |")
+        lines.append(f"| {r['version']} | yes | {cur['verdict']}{err} | {oldv} | {engv} | {n} |")
     lines += ["", "## Releases", ""]
     for r in rows:
         lines.append(f"### {r['version']}")
@@ -457,7 +533,10 @@ def write_report(rows: list[dict], out: Path, command: str, seconds: float) -> N
                      f"null block {'yes' if f['null_block'] else 'no'}; free queue {f['free_queue']}; "
                      f"cache_full_blocks takes {f['cache_full_blocks']}; get_cached_block {f['get_cached_block']}; "
                      f"touch takes {f['touch']}; Request hashes itself: {'yes' if f['request_hasher'] else 'no'}; "
-                     f"cache driver {f['cache_driver']}.")
+                     f"cache driver {f['cache_driver']}"
+                     + (f" (not drawn here: {', '.join(f['cache_missing']) or 'nothing'})"
+                        if f.get("cache_missing") is not None else "")
+                     + (f"; engine level: {f['engine']}" if "engine" in f else "") + ".")
         lines.append("")
         for p in r["passes"]:
             pol = f" (`{p['policies']}`)" if p["policies"] else ""
@@ -490,6 +569,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", help="comma-separated versions (default: every release from 0.8.0)")
     ap.add_argument("--max-examples", type=int, default=200)
+    ap.add_argument("--engine-examples", type=int, default=ENGINE_EXAMPLES,
+                    help="examples of the engine-level pass (a release's v1 Scheduler; default %(default)s)")
+    ap.add_argument("--no-engine", action="store_true", help="skip the engine-level pass")
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "vllm-releases.md")
@@ -511,21 +593,26 @@ def main(argv: Optional[list[str]] = None) -> int:
         home = Path.home()
         cache = Path("~") / args.cache.relative_to(home) if args.cache.is_relative_to(home) else args.cache
         rel_root = os.path.relpath(ROOT, args.write_campaign.resolve().parent)
-        args.write_campaign.write_text(campaign_toml(versions, args.max_examples, cache, rel_root))
-        print(f"wrote {args.write_campaign}: {sum(len(passes_for(v)) for v in versions)} jobs")
+        report = json.loads((ROOT / "reports" / "vllm-releases.json").read_text()) \
+            if (ROOT / "reports" / "vllm-releases.json").exists() else {"releases": []}
+        engines = {r["version"]: not args.no_engine and engine_ok(r.get("features") or {})
+                   for r in report["releases"]}   # the committed report's probes say where the engine builds
+        args.write_campaign.write_text(campaign_toml(versions, args.max_examples, cache, rel_root, engines,
+                                                     args.engine_examples))
+        print(f"wrote {args.write_campaign}: {sum(len(passes_for(v, engines.get(v, False))) for v in versions)} jobs")
         return 0
     install_deps(args.cache)
     from concurrent.futures import ThreadPoolExecutor
 
     def one(v: str) -> dict:
-        row = run_release(v, args.max_examples, args.cache)
+        row = run_release(v, args.max_examples, args.cache, not args.no_engine, args.engine_examples)
         print(f"{v}: " + (", ".join(p["verdict"] for p in row["passes"]) if row.get("drivable")
                           else f"not drivable: {row['reason']}"), flush=True)
         return row
 
     if args.campaign:
         rows = run_campaign(versions, args.max_examples, args.cache, args.jobs, args.address,
-                            args.results or args.cache / "_campaign")
+                            args.results or args.cache / "_campaign", not args.no_engine, args.engine_examples)
     else:
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             rows = list(pool.map(one, versions))

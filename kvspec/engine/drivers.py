@@ -81,10 +81,11 @@ def engine_driver(target: Any, config: Config) -> EngineDriver:
         from kvspec.targets.vllm_patch import import_vllm
         mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
         from kvspec.engine.vllm_compat_engine import drivable_legacy, legacy_engine   # HOOK: 0.9.x, vllm_compat_engine
-        if drivable_legacy(mods["vllm.v1.request"]):
+        if drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE]):
             return legacy_engine(VllmEngine)(mods, engine_shape(config))
         if not getattr(target, "groups", False):
-            raise TargetError("vllm: the engine level needs vLLM 0.26.0 or later (the current manager API), or 0.9.x")
+            raise TargetError("vllm: the engine level needs a KVCacheManager built from a KVCacheConfig that takes "
+                              "the hit as num_new_computed_tokens (vLLM 0.9.0 on)")
         return VllmEngine(mods, engine_shape(config))
     raise TargetError(f"target {getattr(target, 'name', target)} has no engine (the engine level drives "
                       f"vllm and nanovllm[:PKG])")

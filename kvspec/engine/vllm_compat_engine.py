@@ -1,4 +1,4 @@
-"""What ``VllmEngine`` needs to drive an older vLLM release's v1 ``Scheduler`` (0.9.x).
+"""What ``VllmEngine`` needs to drive an older vLLM release's v1 ``Scheduler`` (0.9.x on).
 
 The engine level was written against vLLM 0.33.0. A release from before the KV-cache
 coordinator (0.9.x) differs in five places the engine touches, and nowhere else:
@@ -37,10 +37,18 @@ def block_hasher(mods: dict[str, Any], block_size: int) -> Optional[Any]:
 
 def new_request(request_mod: Any, rid: str, prompt: list[int], params: Any, hasher: Optional[Any],
                 kw: dict[str, Any]) -> Any:
-    """A ``Request`` built through whichever constructor the release has."""
-    if not is_legacy(request_mod):
-        return request_mod.Request(rid, prompt, params, None, block_hasher=hasher, **kw)
-    return request_mod.Request(rid, prompt, None, None, None, params, None, 0.0, **kw)
+    """A ``Request`` built through whichever constructor the release has (its call form
+    read once: ``kvspec.targets.vllm_compat.form``). Arguments it requires and the engine
+    has no use for (multimodal inputs, pooling, EOS, arrival time) get their empty value;
+    an arrival time is passed only where required, so the scheduler's clock stays its own."""
+    from kvspec.targets.vllm_compat import form
+    f = form(request_mod.Request)
+    args: dict[str, Any] = {"request_id": rid, "prompt_token_ids": prompt, "sampling_params": params,
+                            "pooling_params": None, "block_hasher": hasher, **kw}
+    for name in f.required:
+        if name not in args:
+            args[name] = 0.0 if name == "arrival_time" else None
+    return request_mod.Request(**{n: v for n, v in args.items() if n in f.takes})
 
 
 def scheduler_kwargs(sched_cls: Any, block_size: int) -> dict[str, Any]:
@@ -152,9 +160,9 @@ def _no_replay(self: Any) -> Any:
 
 
 def legacy_engine(engine_cls: type) -> type:
-    """The engine class for a 0.9.x release: the same driver, minus ``manager_calls``, so
-    the engine session does not replay the scheduler's manager calls through the cache
-    model. That model's admission follows the current manager (whose chunked-prefill
+    """The engine class for an older release (``drivable_legacy``): the same driver, minus
+    ``manager_calls``, so the engine session does not replay the scheduler's manager calls
+    through the cache model. That model's admission follows the current manager (whose chunked-prefill
     admission 0.9.x's does not share: on 0.9.0 seed 0 it calls an 8-token chunk of a
     16-token prompt with 3 blocks free "admitted although too few blocks were free"), so
     on 0.9.x it would report the model's difference, not a bug. What stays: a crash or
@@ -164,12 +172,23 @@ def legacy_engine(engine_cls: type) -> type:
                                                                 "extra_kinds": ("salt",)})
 
 
-LEGACY_RELEASES = ((0, 9),)   # the releases this module was checked on (0.9.0); 0.10-0.25 stay refused
+def caches_verified_drafts(sched_mod: Any) -> bool:
+    """Whether the scheduler's output update caches a drafted request's verified blocks
+    (``kv_cache_manager.cache_blocks`` in ``update_from_output``, read off its code). The
+    engine's manager-call replay turns that call into the cache model's Verify; a release
+    without it (to 0.30.x: its next ``allocate_slots`` caches them) would replay the next
+    step as a Step over unverified drafts, the model's misreading, not the release's bug."""
+    try:
+        src = inspect.getsource(sched_mod.Scheduler.update_from_output)
+    except (OSError, TypeError, AttributeError):
+        return True   # no source to read: the current engine, as for 0.33.0
+    return "cache_blocks" in src
 
 
-def drivable_legacy(request_mod: Any) -> bool:
-    """True for a release this module drives: the old ``Request`` API, and a 0.9.x version."""
-    if not is_legacy(request_mod):
-        return False
-    from vllm.version import __version_tuple__
-    return tuple(__version_tuple__[:2]) in LEGACY_RELEASES
+def drivable_legacy(request_mod: Any, sched_mod: Optional[Any] = None) -> bool:
+    """True for a release the legacy engine (no manager-call replay) drives, found by
+    feature: its manager hashes requests itself (its ``Request`` takes no ``block_hasher``:
+    0.9.x and 0.10.x), or its scheduler does not cache verified drafts in the output update
+    (``caches_verified_drafts``). Whether its Scheduler then builds on the CPU is the
+    engine's own answer (a TargetError naming what failed), not a version list."""
+    return is_legacy(request_mod) or (sched_mod is not None and not caches_verified_drafts(sched_mod))

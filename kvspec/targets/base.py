@@ -51,6 +51,10 @@ class Traits:
     # extra keys, connector tokens and max_model_len at the cache level: the machines
     # then generate those operations and the group-aware model is used.
     cache_features: bool = False
+    # Of those features, the ones this target lacks (an older vLLM release, found by
+    # feature): "groups" (several groups in one manager), "swa", "chunked", "external",
+    # "drafts", "lora", "salt", "mm". The cache machine draws none of them.
+    cache_missing: frozenset[str] = frozenset()
     # Smallest block size the target supports (nano-vllm detects a block boundary
     # with ``len(seq) % block_size == 1``, which never fires for block size 1).
     min_block_size: int = 1

@@ -16,7 +16,11 @@ Differences it covers (first release that has the newer shape in brackets):
 - ``Request``'s constructor (prompt, multi-modal, pooling and hasher arguments);
 - ``KVCacheManager(block_size, num_gpu_blocks, ...)`` (to 0.8.2) or ``(kv_cache_config, ...)``,
   ``allocate_slots`` with or without ``num_new_computed_tokens`` (0.9.0), and
-  ``KVCacheConfig``'s field names.
+  ``KVCacheConfig``'s field names;
+- what the groups driver may draw on a release (``cache_api``): several groups (a
+  coordinator, 0.9.1; all three kinds at once, later than 0.11.0), each group kind,
+  connector tokens as their own argument (by 0.14.0), drafts, extra keys in the Request's
+  layout (``multi_modal_hashes`` to 0.10.x, ``mm_features`` from 0.11.0).
 """
 from __future__ import annotations
 
@@ -119,6 +123,11 @@ def hash_fn(utils_pkg: ModuleType, hashing: Optional[ModuleType]) -> Optional[Ca
     return getattr(utils_pkg, "sha256", None)
 
 
+# The Request arguments that carry extra keys, in one release's layout or another's.
+EXTRA_ARGS = ("lora_request", "cache_salt", "mm_features", "multi_modal_inputs", "multi_modal_hashes",
+              "multi_modal_placeholders")
+
+
 class Api:
     """One vLLM family's hashing, Request and KV-cache-config API, as detected. What a
     pool or manager takes is read off its own class (``pool_api``/``manager_api``), so
@@ -149,15 +158,20 @@ class Api:
         make = getattr(self.utils, "get_request_block_hasher", None)
         return None if make is None else make(block_size, self.hash_fn)
 
-    def new_request(self, rid: str, tokens, block_hasher: Optional[Callable] = None) -> Any:
+    def new_request(self, rid: str, tokens, block_hasher: Optional[Callable] = None,
+                    extra: Optional[dict[str, Any]] = None) -> Any:
+        """A Request through this release's constructor; ``extra``: keyword arguments it
+        takes for extra keys (``request_extras``), the others left at None."""
         make = self._make_request
         if make is None:  # the Request's call form, resolved on first use and kept
             make = self._make_request = bind(self.request.Request, "Request()", {
-                "sampling_params": self.sampling, "prompt": None, "multi_modal_inputs": None,
-                "multi_modal_kwargs": None, "multi_modal_hashes": None, "multi_modal_placeholders": None,
-                "mm_features": None, "pooling_params": None, "eos_token_id": None, "arrival_time": 0.0,
-                "lora_request": None}, ("request_id", "prompt_token_ids", "block_hasher"))
-        return make(request_id=rid, prompt_token_ids=list(tokens), block_hasher=block_hasher)
+                "sampling_params": self.sampling, "prompt": None, "multi_modal_kwargs": None,
+                "pooling_params": None, "eos_token_id": None, "arrival_time": 0.0},
+                ("request_id", "prompt_token_ids", "block_hasher", *EXTRA_ARGS))
+        kw = dict.fromkeys(EXTRA_ARGS)
+        if extra:
+            kw.update(extra)
+        return make(request_id=rid, prompt_token_ids=list(tokens), block_hasher=block_hasher, **kw)
 
     def kv_cache_config(self, num_blocks: int, block_size: int) -> Any:
         import torch  # already imported by vLLM; only the spec's dtype needs it
@@ -174,16 +188,85 @@ class Api:
         return iface.KVCacheConfig(**{n: v for n, v in values.items() if n in names})
 
 
-def has_current_manager_api(up: Api) -> bool:
-    """Whether the manager takes ``scheduler_block_size`` and ``hash_block_size`` and
-    Requests hash themselves and get_computed_blocks
-    returns three values (0.26.0 on): what kvspec.targets.vllm_groups builds on."""
+# The cache-level features a release may lack (the groups driver's vocabulary; the cache
+# machine draws none of those a target declares missing: Traits.cache_missing).
+FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm", "three_kinds")
+# --kv-groups kind -> the release's spec class for it
+SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheApi:
+    """What the groups driver (``kvspec.targets.vllm_groups``) can draw on one release,
+    read off its code: which group kinds it has a spec and a manager for, whether one
+    manager takes several groups, and which allocate_slots/Request arguments exist."""
+    kinds: frozenset            # "full", "swa", "chunked"
+    several_groups: bool        # a KV-cache coordinator (one pool, several groups)
+    external: bool              # allocate_slots(num_external_computed_tokens=...)
+    draft_arg: bool             # allocate_slots(num_draft_tokens=...): drafts excluded from caching by count
+    extra: frozenset            # "lora", "salt", "mm": the extra keys its Request takes
+    mm_layout: str              # "features" (mm_features) / "hashes" (multi_modal_hashes+placeholders) / ""
+    hit_values: int             # what get_computed_blocks returns: 2 or 3 values
+    three_kinds: bool = True    # the coordinator takes groups of three kinds (full, swa, chunked) at once
+
+    @property
+    def missing(self) -> frozenset:
+        # Connector tokens only where allocate_slots takes them as such: before, the scheduler
+        # allocated them as new tokens, which the manager cannot tell from a prefill (so a
+        # sliding window keeps their blocks: reference-model semantics it does not have).
+        have = set(self.kinds - {"full"}) | set(self.extra) | {"drafts"}
+        if self.several_groups:
+            have.add("groups")
+        if self.external:
+            have.add("external")
+        if self.several_groups and self.three_kinds:
+            have.add("three_kinds")
+        return frozenset(f for f in FEATURES if f not in have)
+
+
+def cache_api(up: Api) -> Optional[CacheApi]:
+    """The groups driver's view of this release, or None where it cannot drive it: a
+    manager built from a ``KVCacheConfig`` whose ``allocate_slots`` takes the hit as
+    ``num_new_computed_tokens`` (0.9.0 on; 0.8.x keeps the one-group driver)."""
     cls = up.manager.KVCacheManager
-    ps = params(cls)
-    # The groups driver also unpacks get_computed_blocks' three values (0.26.0 on).
+    if "kv_cache_config" not in params(cls) or not _takes(cls, "allocate_slots", "num_new_computed_tokens"):
+        return None
+    kinds = frozenset(k for k, name in SPEC_CLASSES.items() if hasattr(up.interface, name))
+    stm = optional_module("vllm.v1.core.single_type_kv_cache_manager")
+    managed = getattr(stm, "spec_manager_map", None)
+    if managed is not None:  # a kind whose spec has no manager cannot be driven
+        kinds = frozenset(k for k in kinds if getattr(up.interface, SPEC_CLASSES[k]) in managed)
+    req = params(up.request.Request)
+    extra = {"lora"} if "lora_request" in req else set()
+    if "cache_salt" in req:
+        extra.add("salt")
+    layout = ""
+    if "mm_features" in req and optional_module("vllm.multimodal.inputs") is not None and \
+            hasattr(importlib.import_module("vllm.multimodal.inputs"), "MultiModalFeatureSpec"):
+        layout = "features"
+    elif "multi_modal_hashes" in req and "multi_modal_placeholders" in req:
+        layout = "hashes"
+    if layout:
+        extra.add("mm")
     three = str(inspect.signature(cls.get_computed_blocks).return_annotation).count("int") >= 2
-    return "scheduler_block_size" in ps and "hash_block_size" in ps and \
-        hasattr(up.utils, "get_request_block_hasher") and three
+    several = optional_module("vllm.v1.core.kv_cache_coordinator") is not None
+    return CacheApi(kinds=kinds, several_groups=several,
+                    external=_takes(cls, "allocate_slots", "num_external_computed_tokens"),
+                    draft_arg=_takes(cls, "allocate_slots", "num_draft_tokens"),
+                    extra=frozenset(extra), mm_layout=layout, hit_values=3 if three else 2,
+                    three_kinds=several and {"swa", "chunked"} <= kinds and _takes_three_kinds(up))
+
+
+def _takes_three_kinds(up: Api) -> bool:
+    """Whether this release's coordinator builds over full, sliding-window and chunked groups
+    at once (0.11.0's "assumes exactly one other type of groups"): asked of the release itself,
+    by building one small manager."""
+    from kvspec.targets.vllm_groups import build_kv_cache_config, build_manager
+    try:
+        build_manager(up.manager, build_kv_cache_config("full,swa:2,chunked:4", 6, 2, up.interface), 2, True)
+    except TargetError:
+        return False
+    return True
 
 
 def new_pool(cls: type, num_blocks: int, caching: bool, block_size: int) -> Any:

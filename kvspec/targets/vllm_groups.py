@@ -22,6 +22,9 @@ over that manager, on real ``vllm.v1.request.Request`` objects:
 - Preempt / Finish: ``free`` (and the scheduler's resets).
 Where the scheduler itself never schedules a request (past ``max_model_len``), the
 driver refuses without calling the manager, as the scheduler does.
+
+Every release from 0.9.0 on is driven (``vllm_compat.cache_api``, by feature): arguments a
+release does not take are not passed, and the features it lacks are never drawn.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
+from kvspec.targets import vllm_compat as compat
 from kvspec.targets.base import Driver
 from kvspec.targets.v1_driver import observe_pool
 
@@ -54,42 +58,52 @@ def parse_spec(spec: str) -> list[tuple[str, int]]:
 def _group_spec(iface: Any, kind: str, size: int, block_size: int) -> Any:
     import torch  # already imported by vLLM; the specs' dtype needs it
 
-    common = dict(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    if kind == "full":
-        return iface.FullAttentionSpec(**common)
-    if kind == "swa":
-        return iface.SlidingWindowSpec(**common, sliding_window=size)
-    if kind == "chunked":
-        return iface.ChunkedLocalAttentionSpec(**common, attention_chunk_size=size)
-    # MambaSpec constructs on the CPU, but kvspec's reference model describes no state
-    # overwritten in place, so there is nothing to compare a Mamba group with.
-    raise TargetError("vllm: kv group 'mamba' is not supported (the reference model has no Mamba state)")
+    if kind == "mamba":
+        # MambaSpec constructs on the CPU, but kvspec's reference model describes no state
+        # overwritten in place, so there is nothing to compare a Mamba group with.
+        raise TargetError("vllm: kv group 'mamba' is not supported (the reference model has no Mamba state)")
+    cls = getattr(iface, compat.SPEC_CLASSES[kind], None)
+    if cls is None:
+        raise TargetError(f"vllm: kv group {kind!r}: this vLLM has no {compat.SPEC_CLASSES[kind]}")
+    # use_mla: required by the releases before MLA had its own spec (0.9.x); dropped where not taken
+    return compat.call(cls, f"{cls.__name__}()", dict(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False,
+        sliding_window=size if kind == "swa" else None, attention_chunk_size=size if kind == "chunked" else None))
 
 
 def build_kv_cache_config(spec: str, num_blocks: int, block_size: int, iface: Optional[Any] = None) -> Any:
     """A real ``KVCacheConfig``: one ``KVCacheGroupSpec`` (one layer each) per group of
-    ``spec``, all sharing one pool of ``num_blocks`` blocks of ``block_size`` tokens."""
+    ``spec``, all sharing one pool of ``num_blocks`` blocks of ``block_size`` tokens
+    (the tensor field is ``kv_cache_tensors`` or, in 0.9.x, ``tensors``)."""
     if iface is None:
         from vllm.v1 import kv_cache_interface as iface  # type: ignore[no-redef]
     groups = [iface.KVCacheGroupSpec([f"model.layers.{i}.attn"], _group_spec(iface, kind, size, block_size))
               for i, (kind, size) in enumerate(parse_spec(spec))]
-    return iface.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+    return compat.call(iface.KVCacheConfig, "KVCacheConfig()", dict(
+        num_blocks=num_blocks, kv_cache_tensors=[], tensors={}, kv_cache_groups=groups))
 
 
 def build_manager(manager_mod: Any, kv_config: Any, block_size: int, caching: bool,
                   max_model_len: Optional[int] = None) -> Any:
-    """``KVCacheManager`` over ``kv_config``, hashing at the one block size all groups share."""
-    return manager_mod.KVCacheManager(kv_config, max_model_len=max_model_len or UNCAPPED,
-                                      scheduler_block_size=block_size, hash_block_size=block_size,
-                                      enable_caching=caching)
+    """``KVCacheManager`` over ``kv_config``, hashing at the one block size all groups share
+    (the block-size arguments are passed where the release takes them)."""
+    groups = len(kv_config.kv_cache_groups)
+    try:
+        return compat.call(manager_mod.KVCacheManager, "KVCacheManager()", dict(
+            kv_cache_config=kv_config, max_model_len=max_model_len or UNCAPPED, scheduler_block_size=block_size,
+            hash_block_size=block_size, enable_caching=caching, caching_hash_algo="sha256"))
+    except (AssertionError, ValueError, NotImplementedError) as e:  # its own refusal of the group set
+        raise TargetError(f"vllm: this KVCacheManager refuses {groups} KV-cache group(s): {e}") from None
 
 
-def parse_extra(label: Optional[str]) -> dict:
-    """An Admit's extra keys (``lora:A;salt:s;mm:X@2[+L]``) -> Request keyword arguments."""
+def parse_extra(label: Optional[str], layout: str = "features") -> dict:
+    """An Admit's extra keys (``lora:A;salt:s;mm:X@2[+L]``) -> Request keyword arguments,
+    multimodal inputs in the release's layout: ``features`` (``mm_features``, 0.11.0 on)
+    or ``hashes`` (``multi_modal_hashes`` and ``multi_modal_placeholders``, before)."""
     if not label:
         return {}
     from vllm.lora.request import LoRARequest
-    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.multimodal.inputs import PlaceholderRange
 
     out: dict = {}
     mm = []
@@ -105,38 +119,62 @@ def parse_extra(label: Optional[str]) -> dict:
             off, _, length = where.partition("+")
             if not h or not off.isdigit() or (length and not length.isdigit()):
                 raise ValueError(f"bad multimodal key {item!r}")
-            mm.append(MultiModalFeatureSpec(data=None, modality="image", identifier=h,
-                                            mm_position=PlaceholderRange(int(off), int(length or 1))))
+            mm.append((int(off), int(length or 1), h))
         else:
             raise ValueError(f"bad extra key {item!r}")
-    if mm:
-        out["mm_features"] = sorted(mm, key=lambda f: f.mm_position.offset)  # vLLM assumes offset order
+    mm.sort()   # vLLM assumes offset order
+    if mm and layout == "features":
+        from vllm.multimodal.inputs import MultiModalFeatureSpec
+        out["mm_features"] = [MultiModalFeatureSpec(data=None, modality="image", identifier=h,
+                                                    mm_position=PlaceholderRange(off, n)) for off, n, h in mm]
+    elif mm:
+        out["multi_modal_hashes"] = [h for _, _, h in mm]
+        out["multi_modal_placeholders"] = [PlaceholderRange(offset=off, length=n) for off, n, _ in mm]
+        out["multi_modal_inputs"] = [{} for _ in mm]   # never read by the KV manager; counted against the others
     return out
 
 
 class VllmGroupsCacheDriver(Driver):
-    """Plays vLLM's scheduler over a ``KVCacheManager`` built from ``config.kv_groups``."""
+    """Plays vLLM's scheduler over a ``KVCacheManager`` built from ``config.kv_groups``.
+    What differs between releases (0.9.0 on) comes from ``compat.cache_api``: arguments a
+    release does not take are not passed, and an op needing a feature it lacks is a
+    TargetError (the machines draw none: ``Traits.cache_missing``)."""
 
-    def __init__(self, up: Any, config: Config) -> None:
+    def __init__(self, up: Any, config: Config, api: Optional[compat.CacheApi] = None) -> None:
         self.up = up
+        self.api = api = api or compat.cache_api(up)
+        if api is None:
+            raise TargetError("vllm: this KVCacheManager predates KVCacheConfig and num_new_computed_tokens: "
+                              "only the one-group driver drives it")
         self.bs = config.block_size
         self.max_len = getattr(config, "max_model_len", None)
         kv_config = build_kv_cache_config(getattr(config, "kv_groups", "full") or "full", config.num_blocks,
                                           config.block_size, up.interface)
         self.mgr = build_manager(up.manager, kv_config, config.block_size, config.caching, self.max_len)
         self.num_groups = len(kv_config.kv_cache_groups)
-        self.hasher = up.utils.get_request_block_hasher(config.block_size, up.hash_fn)
+        self.hasher = up.request_hasher(config.block_size)   # None: the manager hashes requests itself
         self.status = up.request.RequestStatus
+        # allocate_slots' call form, resolved once: the scheduler's keywords, those this release takes
+        self._alloc = self.mgr.allocate_slots
+        takes = compat.form(self._alloc).takes
+        self._alloc_kw = frozenset(("num_new_computed_tokens", "new_computed_blocks", "num_external_computed_tokens",
+                                    "num_draft_tokens")) & takes
         self.reqs: dict[str, Any] = {}
         self.running: set[str] = set()
         self.finished: dict[str, Any] = {}   # a Step of one reaches the manager (a scheduler misuse)
 
+    def _allocate(self, req: Any, n: int, **kw: Any) -> Any:
+        return self._alloc(req, n, **{k: v for k, v in kw.items() if k in self._alloc_kw})
+
     def _new_request(self, rid: str, prompt, extra: Optional[str]) -> Any:
         try:
-            kw = parse_extra(extra)
+            kw = parse_extra(extra, self.api.mm_layout)
         except ValueError as e:
             raise TargetError(f"vllm: {e}") from None
-        return self.up.request.Request(rid, list(prompt), self.up.sampling, None, block_hasher=self.hasher, **kw)
+        kinds = {item.partition(":")[0] for item in (extra or "").split(";") if item}
+        if kinds - self.api.extra:
+            raise TargetError(f"vllm: extra keys {extra!r}: this release's Request takes only {sorted(self.api.extra)}")
+        return self.up.new_request(rid, prompt, self.hasher, kw)
 
     def _capped(self, tokens: int) -> bool:
         return self.max_len is not None and tokens > self.max_len
@@ -147,15 +185,17 @@ class VllmGroupsCacheDriver(Driver):
             req = self.reqs.get(op.req) if op.prompt is None else self._new_request(op.req, op.prompt, op.extra)
             if req is None:
                 raise KeyError(f"no waiting request {op.req}")
-            hits, num_hit, _ = m.get_computed_blocks(req)
+            hits, num_hit = m.get_computed_blocks(req)[:2]
             self.reqs[op.req] = req   # only now: a rejected admission must leave the driver as it was
             n = req.num_tokens
             ext = max(0, min(op.external, n - 1 - num_hit))   # a connector never supplies the last token
             new = n - num_hit - ext if op.chunk is None else min(op.chunk, n - num_hit - ext)
             if self._capped(num_hit + ext + new):
                 return None  # the scheduler never schedules past max_model_len
-            if m.allocate_slots(req, new, num_new_computed_tokens=num_hit, new_computed_blocks=hits,
-                                num_external_computed_tokens=ext) is None:
+            if ext and not self.api.external:
+                raise TargetError("vllm: this allocate_slots takes no num_external_computed_tokens")
+            if self._allocate(req, new, num_new_computed_tokens=num_hit, new_computed_blocks=hits,
+                              num_external_computed_tokens=ext) is None:
                 return None
             req.num_computed_tokens = num_hit + ext + new
             req.status = self.status.RUNNING
@@ -166,18 +206,21 @@ class VllmGroupsCacheDriver(Driver):
             new = min(op.n, req.num_tokens - req.num_computed_tokens)
             if self._capped(req.num_computed_tokens + new):
                 return False
-            if m.allocate_slots(req, new) is None:
+            if self._allocate(req, new) is None:
                 return False
             req.num_computed_tokens += new
             return True
         if isinstance(op, Step):
             if op.req in self.finished and op.req not in self.running:
-                return m.allocate_slots(self.finished[op.req], 1)   # the manager must refuse it
+                return self._allocate(self.finished[op.req], 1)   # the manager must refuse it
             req = self.reqs[op.req]
             req.append_output_token_ids(op.token)  # also hashes any block it fills
             req.spec_token_ids = list(op.drafts)
             new = req.num_tokens_with_spec - req.num_computed_tokens
-            if self._capped(req.num_computed_tokens + new) or m.allocate_slots(req, new) is None:
+            # num_draft_tokens: where allocate_slots takes it (0.9.x), the scheduler passes the
+            # draft count, so that drafts are never cached
+            if self._capped(req.num_computed_tokens + new) or \
+                    self._allocate(req, new, num_draft_tokens=len(op.drafts)) is None:
                 req.spec_token_ids = []  # not scheduled: the drafts are dropped
                 return False
             req.num_computed_tokens += new
@@ -194,23 +237,27 @@ class VllmGroupsCacheDriver(Driver):
             # The scheduler frees a request however it ends; free() of one that holds
             # nothing is a documented no-op.
             req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
-            m.free(req)
+            compat.release(m, req, finished=isinstance(op, Finish))
             self.running.discard(op.req)
             req.spec_token_ids = []
             if isinstance(op, Preempt):
                 req.num_computed_tokens = 0
                 req.status = self.status.PREEMPTED
-                req.num_preemptions += 1
+                if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
+                    req.num_preemptions += 1
             elif self.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
                 self.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 
+    def _managers(self) -> list:
+        coord = getattr(self.mgr, "coordinator", None)
+        return list(coord.single_type_managers) if coord is not None else [self.mgr.single_type_manager]
+
     def tables(self, rid: str) -> tuple[tuple[int, ...], ...]:
         """The request's block table per group (null block included), read without
         adding entries to the managers' defaultdicts."""
-        return tuple(tuple(b.block_id for b in mgr.req_to_blocks.get(rid, ()))
-                     for mgr in self.mgr.coordinator.single_type_managers)
+        return tuple(tuple(b.block_id for b in mgr.req_to_blocks.get(rid, ())) for mgr in self._managers())
 
     def observe(self) -> Observation:
         reqs = {}

@@ -198,22 +198,26 @@ class VllmTarget(Target):
         null = getattr(compat.new_pool(self.up.block_pool.BlockPool, 4, True, 2), "null_block", None) is not None
         noops = {"foreign_free", "free_unknown_request"} | ({"null_block"} if null else set())
         # The groups driver (KV-cache groups, chunked prefill, drafts, extra keys, connector
-        # tokens, max_model_len; kvspec.targets.vllm_groups) needs the current manager API:
-        # scheduler_block_size, hash_block_size and Requests that hash themselves (0.26.0 on). Older releases get
-        # the one-group driver, which builds every call by feature.
-        self.groups = compat.has_current_manager_api(self.up)
+        # tokens, max_model_len; kvspec.targets.vllm_groups) drives every release whose manager
+        # is built from a KVCacheConfig and takes the hit as num_new_computed_tokens (0.9.0 on),
+        # drawing only what the release has (compat.cache_api, by feature). 0.8.x gets the
+        # one-group driver, which builds every call by feature.
+        self.cache_api = compat.cache_api(self.up)
+        self.groups = self.cache_api is not None
+        missing = self.cache_api.missing if self.cache_api is not None else frozenset()
         # The one documented misuse defence (see the module doc): only this kind is held to
         # ATOMIC_REJECT with ValueError; the other kinds stay robustness findings.
         self.traits = declared_policies(Traits(null_block=null, unhashed_free_first=True,
                                                misuse_error_map=(("over_alloc", ValueError),),
-                                               documented_noops=frozenset(noops), cache_features=self.groups))
+                                               documented_noops=frozenset(noops), cache_features=self.groups,
+                                               cache_missing=missing))
 
     def driver(self, config: Config) -> Driver:
         if config.level != "cache":
             return VllmPoolDriver(self.up, config)
         if self.groups:
             from kvspec.targets.vllm_groups import VllmGroupsCacheDriver
-            return VllmGroupsCacheDriver(self.up, config)
+            return VllmGroupsCacheDriver(self.up, config, self.cache_api)
         return VllmCacheDriver(self.up, config)
 
     def describe(self) -> str:

@@ -101,3 +101,40 @@ def test_old_release_is_detected_and_driven(version, tmp_path):
     else:
         assert got["check"][0] == "violation" and got["check"][1][0] == "EVICTION_ORDER" \
             and got["check"][1][1] <= 3, got["check"]
+
+
+FEATURES = r"""
+import json
+from kvspec.targets.vllm_target import VllmTarget
+t = VllmTarget()
+print(json.dumps({"groups": t.groups, "missing": sorted(t.traits.cache_missing),
+                  "layout": t.cache_api.mm_layout if t.cache_api else None}))
+"""
+
+
+@pytest.mark.parametrize("version", ("0.9.0", "0.14.0"))
+def test_cache_features_are_read_off_the_release(version, tmp_path):
+    """What the groups driver draws on a release follows its sources: several groups only
+    with a coordinator, a group kind only with its spec class, connector tokens only where
+    allocate_slots takes them, multimodal keys in the Request's own layout."""
+    tree = CACHE / version
+    if not (tree / "vllm" / "v1" / "core" / "block_pool.py").is_file():
+        pytest.skip(f"vLLM {version} is not in {CACHE} (python tools/vllm_releases.py --releases {version})")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import vllm_releases
+    r = subprocess.run([sys.executable, "-c", FEATURES], env=vllm_releases.env_for(version), capture_output=True,
+                       text=True, cwd=tmp_path, timeout=900)
+    line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith("{")), None)
+    assert line is not None, r.stderr[-2000:]
+    got = json.loads(line)
+    iface = _source(tree, "v1/kv_cache_interface.py")
+    mgr = _source(tree, "v1/core/kv_cache_manager.py")
+    req = _def(_source(tree, "v1/request.py"), "__init__").split(")")[0]
+    assert got["groups"] is True   # both build their manager from a KVCacheConfig
+    missing = set(got["missing"])
+    assert ("groups" in missing) == (not (tree / "vllm" / "v1" / "core" / "kv_cache_coordinator.py").is_file())
+    assert ("chunked" in missing) == ("class ChunkedLocalAttentionSpec" not in iface)
+    assert ("swa" in missing) == ("class SlidingWindowSpec" not in iface)
+    assert ("external" in missing) == ("num_external_computed_tokens" not in _def(mgr, "allocate_slots"))
+    assert ("salt" in missing) == ("cache_salt" not in req)
+    assert got["layout"] == ("features" if "mm_features" in req else "hashes")

@@ -1,0 +1,126 @@
+"""Features found per vLLM release, and what the cache machine draws from them.
+
+Without release trees: the installed vLLM (0.33.0) has every feature, so the cache
+machine's draws are the full ones; a target declaring features missing gets only the
+group layouts and extra keys it can take. The release sweep adds an engine pass where
+the probe built the engine. Per-release detection, read off each release's own sources,
+is in tests/upstream/test_vllm_releases.py."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kvspec.stateful.cache import EXTRAS, GROUP_SPECS, drawable
+from kvspec.targets.vllm_compat import FEATURES, CacheApi
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("vllm_releases", ROOT / "tools" / "vllm_releases.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_nothing_missing_draws_every_layout_and_key():
+    assert drawable(frozenset()) == (GROUP_SPECS, EXTRAS)
+
+
+@pytest.mark.parametrize("missing", [{"groups"}, {"chunked"}, {"swa", "chunked"}, {"groups", "chunked", "mm"},
+                                     {"three_kinds"},
+                                     {"lora", "salt"}, set(FEATURES)])
+def test_a_missing_feature_is_never_drawn(missing):
+    specs, extras = drawable(frozenset(missing))
+    assert specs and all(s in GROUP_SPECS or s == "full" for s in specs)
+    for spec in specs:
+        kinds = {p.partition(":")[0] for p in spec.split(",")}
+        assert not kinds & missing
+        assert "groups" not in missing or len(spec.split(",")) == 1
+        assert "three_kinds" not in missing or len(kinds) < 3
+    for label in extras:
+        assert not {i.partition(":")[0] for i in label.split(";")} & missing
+    # and nothing drawable is dropped: every layout and key that avoids them stays
+    keep = [s for s in GROUP_SPECS if not {p.partition(":")[0] for p in s.split(",")} & missing
+            and ("groups" not in missing or "," not in s)
+            and ("three_kinds" not in missing or len({p.partition(":")[0] for p in s.split(",")}) < 3)]
+    assert list(specs) == (keep or ["full"])
+    assert len(extras) == len([e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing])
+
+
+def test_cache_api_missing_names_what_a_release_lacks():
+    old = CacheApi(kinds=frozenset({"full", "swa"}), several_groups=False, external=False, draft_arg=True,
+                   extra=frozenset({"lora", "salt", "mm"}), mm_layout="hashes", hit_values=2)
+    assert old.missing == {"groups", "chunked", "external", "three_kinds"}
+    two = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=False,
+                   draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=2,
+                   three_kinds=False)
+    assert two.missing == {"external", "three_kinds"}
+    new = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=True,
+                   draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=3)
+    assert new.missing == frozenset()
+
+
+def test_installed_vllm_has_every_feature():
+    pytest.importorskip("vllm")
+    from kvspec.targets.vllm_target import VllmTarget
+
+    t = VllmTarget()
+    assert t.groups and t.traits.cache_features
+    assert t.traits.cache_missing == frozenset(), t.traits.cache_missing
+    assert t.cache_api.mm_layout == "features" and t.cache_api.external
+
+
+def test_parse_extra_in_the_older_layout():
+    pytest.importorskip("vllm")
+    from kvspec.targets.vllm_groups import parse_extra
+
+    kw = parse_extra("mm:Y@3+2;mm:X@1;salt:s", layout="hashes")
+    assert kw["multi_modal_hashes"] == ["X", "Y"]   # offset order
+    assert [(p.offset, p.length) for p in kw["multi_modal_placeholders"]] == [(1, 1), (3, 2)]
+    assert len(kw["multi_modal_inputs"]) == 2 and kw["cache_salt"] == "s"
+    new = parse_extra("mm:Y@3+2;mm:X@1")
+    assert [f.identifier for f in new["mm_features"]] == ["X", "Y"]
+
+
+def test_the_sweep_adds_an_engine_pass_where_the_engine_builds():
+    vr = _tool()
+    for version in ("0.8.0", "0.14.0", "0.27.0", "0.33.0"):
+        without = vr.passes_for(version)
+        with_engine = vr.passes_for(version, engine=True)
+        assert with_engine[:-1] == without and all(level == "all" for _, _, level in without)
+        name, pol, level = with_engine[-1]
+        assert (name, level) == (vr.ENGINE_PASS, "engine")
+        both = [p for n, p, _ in without if n.endswith("caching both")]
+        assert pol == (both[0] if both else without[-1][1] if len(without) > 1 else "")
+    assert vr.engine_ok({"engine": "yes"}) and not vr.engine_ok({"engine": "no: x"}) and not vr.engine_ok({})
+
+
+def test_findings_are_matched_and_labelled():
+    vr = _tool()
+
+    def finding(inv, level, caching, message=""):
+        return {"invariant": inv, "level": level, "config": {"caching": caching}, "message": message}
+
+    r = {"violations": [finding("NO_CRASH", "engine", True, "... the engine raised IndexError: list index out of range"),
+                        finding("NO_CRASH", "cache", True, "... the target raised AssertionError: ")]}
+    vr.annotate("0.9.0", r, "unhashed_free_first=false")
+    eng, cache = r["violations"]
+    assert "#19459" in eng["upstream"] and eng["label"] == "bug"
+    assert "null block" in cache["upstream"] and cache["label"] == "bug"
+    r = {"violations": [finding("NO_CRASH", "engine", True, "IndexError")]}
+    vr.annotate("0.9.1", r, "")    # outside #19459's releases: not matched, still a bug
+    assert r["violations"][0]["upstream"] == "" and r["violations"][0]["label"] == "bug"
+    mm = ("block 3: two different contents (group 0, extra keys (None, None, (('X', 1),)), prefix [1, 2, 3, 4] and "
+          "group 0, extra keys (None, None, (('X', 2),)), prefix [1, 2, 3, 4]) got the same hash")
+    r = {"violations": [finding("HASH_CHAIN", "cache", True, mm)]}
+    vr.annotate("0.14.0", r, "unhashed_free_first=false")
+    assert "#36708" in r["violations"][0]["upstream"] and r["violations"][0]["label"] == "bug"
+    r = {"violations": [finding("EVICTION_ORDER", "pool", True)]}
+    vr.annotate("0.10.0", r, "")   # the current-policy pass meets the policy of its time
+    assert r["violations"][0]["label"] == "policy"
+    r = {"violations": [finding("EVICTION_ORDER", "pool", False)]}
+    vr.annotate("0.27.0", r, "")
+    assert "#51482" in r["violations"][0]["upstream"] and r["violations"][0]["label"] == "bug"
