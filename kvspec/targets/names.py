@@ -84,6 +84,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "ref_count": ("ref_cnt",),
     "hash_blocks": ("hash_block",),
     "append_token": ("append",),
+    # nano-vllm variants' other spellings of the manager's calls (issue 31): MinivLLM's decode
+    # call is ``append``; incremental-prefill managers grow a table with ensure_blocks_for_prefill.
+    "may_append": ("append_slot", "append_slots", "append"),
+    "can_append": ("can_append_slot", "can_append_slots"),
+    "can_allocate": ("can_allocate_blocks", "can_allocate_prefill"),
+    "allocate": ("allocate_blocks", "ensure_blocks_for_prefill", "allocate_prefill"),
+    "deallocate": ("free_blocks", "deallocate_blocks", "free"),
 }
 
 HOOK_POINTS = ("after_allocate", "after_prefill_chunk", "after_append", "before_deallocate")

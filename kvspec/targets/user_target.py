@@ -458,6 +458,7 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         except TargetError as e:
             raise TargetError(f"target {spec}: {e}") from None
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
+        _note_config_build(make or cls)
         undriven = undriven_scheduler_calls(base)  # nor does the package's scheduler call what kvspec would not
         if pcls is not cls:
             check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake, source=source))
@@ -498,6 +499,20 @@ def undriven_scheduler_calls(target: Any) -> tuple:
     if len(always) < len(calls):
         _note(f"kvspec: note: {optional_note([c for c in calls if c.flag], Path.cwd())}")
     return always
+
+
+def _note_config_build(build: Any) -> None:
+    """Where the manager is built from a config object, say how (the mapping kvspec used)."""
+    from kvspec.targets.nano_api import CONFIG_BLOCKS, CONFIG_BLOCK_SIZE, config_class, config_fields, config_parameter
+    if config_parameter(build) is None:
+        return
+    cfg = config_class(build)
+    read = config_fields(build, read_only=True)
+    set_ = [f"{f}=<num_blocks>" for f in read if f in CONFIG_BLOCKS] + \
+        [f"{f}=<block_size>" for f in read if f in CONFIG_BLOCK_SIZE]
+    _note(f"kvspec: note: {getattr(build, '__name__', build)}(config) is built with "
+          f"{cfg.__name__ if cfg is not None else 'a namespace'}({', '.join(set_)}), its other fields at their "
+          f"defaults and its __init__ not run")
 
 
 def _why_unbuilt(message: str, build: Any) -> str:
