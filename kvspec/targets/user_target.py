@@ -108,7 +108,8 @@ POOL_METHODS = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "
                 "reset_prefix_cache")
 MANAGER_METHODS = ("get_computed_blocks", "allocate_slots", "free")
 API_METHODS = {"nanovllm": NANO_METHODS, "kvcachemanager": MANAGER_METHODS, "blockpool": POOL_METHODS}
-API_NAMES = {"nanovllm": "nano-vllm BlockManager", "kvcachemanager": "KVCacheManager", "blockpool": "BlockPool"}
+API_NAMES = {"nanovllm": "nano-vllm BlockManager", "kvcachemanager": "KVCacheManager", "blockpool": "BlockPool",
+             "allocator": "allocator"}
 PROBE_SIZE = (4, 2)  # what a factory is called with to see what it returns
 _IMPL_ARGS = {"pool": (4,), "cache": (4, 2)}  # what the impl drivers' probe build passes (num_blocks[, block_size])
 
@@ -294,7 +295,9 @@ def _missing(cls: type, api: str, source: Optional[Path] = None) -> list[str]:
     if api == "nanovllm":  # declared or aliased names, and a chunked manager without can_append/may_append
         from kvspec.targets.names import load_names
         from kvspec.targets.nanovllm_target import missing_nano_methods
-        return missing_nano_methods(cls, load_names(cls, source))
+        names = load_names(cls, source)
+        names.quiet = True  # probing the API: the notes come with the load
+        return missing_nano_methods(cls, names)
     return [m for m in API_METHODS[api] if not callable(getattr(cls, m, None))]
 
 
@@ -303,7 +306,7 @@ def resolve(obj: Any, spec: str, api: Optional[str], source: Optional[Path] = No
     """(api, the allocator's class, the factory or None); ``source`` is the file whose
     nearest pyproject.toml may declare ``[tool.kvspec.names]``."""
     if api is not None and api not in API_METHODS:
-        raise TargetError(f"--api {api}: choose one of {', '.join(API_METHODS)}")
+        raise TargetError(f"--api {api}: choose one of {', '.join(API_METHODS)}, allocator")
     if isinstance(obj, type):
         cls, make = obj, None
     elif callable(obj):
@@ -331,9 +334,17 @@ def resolve(obj: Any, spec: str, api: Optional[str], source: Optional[Path] = No
         if not _missing(cls, a, source):
             return a, cls, make
     closest = min(API_METHODS, key=lambda a: len(_missing(cls, a, source)))
-    raise TargetError(f"target {spec}: {cls.__name__} has none of the APIs kvspec drives (nano-vllm BlockManager, "
+    raise NoKnownApi(cls, make, f"target {spec}: {cls.__name__} has none of the APIs kvspec drives (nano-vllm BlockManager, "
                       f"vLLM KVCacheManager, vLLM BlockPool); as a {API_NAMES[closest]} it lacks "
                       f"{', '.join(_missing(cls, closest, source))}")
+
+
+class NoKnownApi(TargetError):
+    """None of the three APIs fits: the allocator level (``kvspec.alloc``) is tried next."""
+
+    def __init__(self, cls: type, make: Optional[Callable[..., Any]], message: str) -> None:
+        super().__init__(message)
+        self.cls, self.make = cls, make
 
 
 def is_vllm_signature(cls: type, api: str) -> bool:
@@ -444,6 +455,10 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
                      patch_name: Optional[str] = None) -> Target:
     obj, module = load_object(spec)
     source = _source_of(spec, module)  # where [tool.kvspec] is looked for: the unpatched file
+    if api == "allocator" or api is None:
+        alloc = _allocator_level(spec, obj, api, source, patch_text, patch_name)
+        if alloc is not None:
+            return alloc
     api, cls, make = resolve(obj, spec, api, source)
     name = f"{spec}+{patch_name}" if patch_name else spec
     if patch_text is not None:
@@ -478,6 +493,43 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
         return _vllm_target(name, api, pmake or pcls, pcls, source)
     _impl_target(spec, api, cls, make or cls, module, source, note=False)  # the unpatched class must pass the shape checks
     return _impl_target(name, api, pcls, pmake or pcls, pmodule, source)
+
+
+def _allocator_level(spec: str, obj: Any, api: Optional[str], source: Optional[Path], patch_text: Optional[str],
+                     patch_name: Optional[str]) -> Optional[Target]:
+    """The allocator level (``kvspec.alloc``) for a class with an API of its own: declared
+    (``[tool.kvspec.alloc]``), asked for (``--api allocator``), or where none of the three
+    APIs fits. None: one of them fits."""
+    from kvspec.alloc.target import load_allocator, read_declaration
+    if api is None:
+        cls = obj if isinstance(obj, type) else None
+        declared = read_declaration(cls, source) if cls is not None else None
+        if declared is None:
+            try:
+                resolve(obj, spec, None, source)
+                return None
+            except NoKnownApi as e:
+                cls, make, why = e.cls, e.make, str(e)
+        else:
+            make, why = None, f"target {spec}: declared in {declared.where}"
+    else:
+        if isinstance(obj, type):
+            cls, make = obj, None
+        else:
+            try:
+                cls, make = type(obj(*PROBE_SIZE)), obj
+            except Exception as e:
+                raise TargetError(f"target {spec}: calling the factory {getattr(obj, '__name__', obj)}"
+                                  f"{PROBE_SIZE} raised {type(e).__name__}: {e}") from None
+        why = f"target {spec}: --api allocator"
+    if patch_text is not None:
+        pobj, _ = load_object(spec, patch_text)
+        pcls = pobj if isinstance(pobj, type) else cls
+        base = load_allocator(spec, cls, make, source, why)
+        amap = getattr(base, "amap", None)
+        return load_allocator(f"{spec}+{patch_name}" if patch_name else spec, pcls,
+                              None if isinstance(pobj, type) else pobj, source, why, amap)
+    return load_allocator(spec, cls, make, source, why)
 
 
 def undriven_scheduler_calls(target: Any) -> tuple:
