@@ -69,6 +69,9 @@ class FreeListDriver(Driver):
             return self._alloc(op.n)
         if isinstance(op, Free):
             if self.amap.per_id.get("free"):
+                if len(set(op.blocks)) != len(op.blocks):  # kvspec's own split must not make a free half done
+                    raise Refused(f"kvspec frees one id at a time ({self.amap.get('free')}(id)): a free naming "
+                                  f"a block twice is refused before any call")
                 for b in op.blocks:
                     self._free(b)
                     self.holds[b] -= 1

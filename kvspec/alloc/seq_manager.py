@@ -22,8 +22,8 @@ import itertools
 from collections import Counter
 from typing import Any, Callable
 
-from kvspec.alloc.pool_driver import as_ids, read_free, refused
-from kvspec.alloc.shapes import AllocMap
+from kvspec.alloc.pool_driver import as_ids, read_free
+from kvspec.alloc.shapes import AllocMap, returns_value
 
 _SEQ_ID = "kvspec_seq_id"  # the allocator's id for a Sequence, kept on the Sequence (deep copies keep it)
 
@@ -44,6 +44,11 @@ class SequenceFront:
         m = self._amap.methods
         self._m = {k: (getattr(self.inner, v) if v and callable(getattr(self.inner, v, None)) else None)
                    for k, v in m.items()}
+        # None is a refusal only from a method that returns something when it succeeds
+        self._none_refuses = {r: returns_value(type(self.inner), m.get(r)) for r in ("allocate_sequence", "append_token")}
+
+    def _refused(self, role: str, value: Any) -> bool:
+        return value is False or (value is None and self._none_refuses[role])
 
     # -- the nano-vllm front ----------------------------------------------------------------
     def _sid(self, seq: Any) -> int:
@@ -68,7 +73,7 @@ class SequenceFront:
         if can is not None:
             return bool(can(len(seq)))
         try:
-            ok = not refused(self._m["allocate_sequence"](sid, len(seq)))
+            ok = not self._refused("allocate_sequence", self._m["allocate_sequence"](sid, len(seq)))
         except Exception:
             ok = False
         if ok:
@@ -78,7 +83,7 @@ class SequenceFront:
     def allocate(self, seq: Any) -> None:
         sid = self._sid(seq)
         if sid not in self.live:  # asked by can_allocate, not yet made
-            if refused(self._m["allocate_sequence"](sid, len(seq))):
+            if self._refused("allocate_sequence", self._m["allocate_sequence"](sid, len(seq))):
                 raise AssertionError(f"{self._amap.get('allocate_sequence')} refused after "
                                      f"{self._amap.get('can_allocate')} said it fits")
             self.live[sid] = seq
@@ -91,7 +96,7 @@ class SequenceFront:
         if can is not None:
             return bool(can(sid))
         try:
-            ok = not refused(self._m["append_token"](sid))
+            ok = not self._refused("append_token", self._m["append_token"](sid))
         except Exception:
             ok = False
         self.pending[sid] = ok
@@ -100,7 +105,7 @@ class SequenceFront:
     def may_append(self, seq: Any) -> None:
         sid = self._sid(seq)
         if not self.pending.pop(sid, False):
-            if refused(self._m["append_token"](sid)):
+            if self._refused("append_token", self._m["append_token"](sid)):
                 raise AssertionError(f"{self._amap.get('append_token')} refused after "
                                      f"{self._amap.get('can_append')} said it fits")
         seq.block_table = self._table(sid)

@@ -188,6 +188,26 @@ def _infer_sequence(cls: type) -> Optional[AllocMap]:
     return AllocMap(SEQUENCE, methods)
 
 
+def returns_value(cls: type, name: Optional[str]) -> bool:
+    """Whether ``cls.name`` returns something on some path (``return x``, x not None): then a
+    ``None`` return is a refusal; a method that returns nothing succeeds with ``None``."""
+    import ast
+    import textwrap
+    fn = getattr(cls, name, None) if name else None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, OSError, SyntaxError, IndentationError):
+        return True
+    top = tree.body[0] if tree.body else None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node is not top:
+            continue
+        if isinstance(node, ast.Return) and node.value is not None and not (
+                isinstance(node.value, ast.Constant) and node.value.value is None):
+            return True
+    return False
+
+
 def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
     """The internals read on a built instance: the free list, ref counts and (for the
     sequence shape without a table method) the table dict."""
@@ -205,6 +225,12 @@ def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
             if v is not None and not isinstance(v, (str, bytes, int)) and hasattr(v, "__len__") and ints(v) \
                     and len(v) <= num_blocks and not callable(v):
                 amap.methods["free_ids"] = name
+                break
+    if not amap.get("num_free"):  # a counter kept as a plain int attribute
+        for name in FREE_COUNT:
+            v = attrs.get(name)
+            if type(v) is int:
+                amap.methods["num_free"] = name
                 break
     if not amap.get("ref_counts"):
         for name in REF_FIELDS:

@@ -128,6 +128,7 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
                     documented_noops=frozenset({"free_unknown_request"}), prefix_caching="off", free_order="any",
                     declaration=declaration)
     target = NanoTarget(front_class(cls, amap, make_fn), Sequence, spec, traits, source=source)
+    target.caching_support = "off"  # the front has no prefix index, whatever its observation hook implies
     target.check_internals()
     target.api_shape = SEQUENCE
     return target
