@@ -38,6 +38,8 @@ def plan(build: Any) -> tuple[Callable[[int, int], Any], str]:
             kw[p.name] = "n"
         elif p.name in BLOCK_SIZE_PARAMS and "bs" not in kw.values():
             kw[p.name] = "bs"
+        elif p.name == "device" and p.default is p.empty:
+            kw[p.name] = "device"  # vLLM v0's BlockAllocator(device, block_size, num_blocks) keeps it as a label
         elif p.default is p.empty and p.kind in _POSITIONAL:
             free_required.append(p.name)
     if "n" not in kw.values() and free_required:  # an unnamed count: the first required parameter
@@ -49,8 +51,8 @@ def plan(build: Any) -> tuple[Callable[[int, int], Any], str]:
                           f"number of blocks and the block size)")
 
     def make(n: int, bs: int) -> Any:
-        return build(**{k: (n if v == "n" else bs) for k, v in kw.items()})
-    shown = ", ".join(f"{k}=<{'num_blocks' if v == 'n' else 'block_size'}>" for k, v in kw.items())
+        return build(**{k: (n if v == "n" else bs if v == "bs" else "cpu") for k, v in kw.items()})
+    shown = ", ".join(f"{k}=" + {"n": "<num_blocks>", "bs": "<block_size>", "device": "'cpu'"}[v] for k, v in kw.items())
     return make, f"{name}({shown})"
 
 

@@ -216,7 +216,8 @@ def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
             items = list(v.keys()) if isinstance(v, Mapping) else list(v)
         except TypeError:
             return False
-        return all(type(x) is int for x in items)
+        from kvspec.alloc.pool_driver import is_object
+        return all(type(x) is int or is_object(x) for x in items)
 
     attrs = vars(obj) if hasattr(obj, "__dict__") else {}
     if not amap.get("free_ids"):
