@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 from kvspec.alloc.shapes import AllocMap
 from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation
-from kvspec.spec.ops import Alloc, Free, Op
+from kvspec.spec.ops import Alloc, Free, Op, Touch
 from kvspec.targets.base import Driver, TargetError
 
 
@@ -110,6 +110,19 @@ class FreeListDriver(Driver):
                 self._free([self.objs.get(b, b) for b in op.blocks])
                 for b in op.blocks:
                     self.holds[b] -= 1
+            return None
+        if isinstance(op, Touch) and self.amap.get("share"):  # one holder more for each (ref counts)
+            share = getattr(self.alloc, self.amap.methods["share"])
+            if self.amap.per_id.get("share"):
+                if len(set(op.blocks)) != len(op.blocks):
+                    raise Refused("kvspec shares one id at a time: a share naming a block twice is refused first")
+                for b in op.blocks:
+                    share(self.objs.get(b, b))
+                    self.holds[b] += 1
+            else:
+                share([self.objs.get(b, b) for b in op.blocks])
+                for b in op.blocks:
+                    self.holds[b] += 1
             return None
         raise TypeError(f"{op!r} is not an op a free-list allocator has")
 

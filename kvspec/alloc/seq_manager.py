@@ -67,13 +67,29 @@ class SequenceFront:
             value = value.block_ids
         return as_ids(value) if value is not None else []
 
+    def _admit(self, sid: int, n: int) -> bool:
+        """The allocation of a new sequence of ``n`` tokens: False when refused. Added then
+        grown (``add_then_grow``): a refused growth removes the sequence again, as its caller
+        would (free_sequence)."""
+        if not self._amap.per_id.get("add_then_grow"):
+            return not self._refused("allocate_sequence", self._m["allocate_sequence"](sid, n))
+        if self._refused("allocate_sequence", self._m["allocate_sequence"](sid)):
+            return False
+        try:
+            ok = not self._refused("append_token", self._m["append_token"](sid, n))
+        except Exception:
+            ok = False
+        if not ok:
+            self._m["free_sequence"](sid)
+        return ok
+
     def can_allocate(self, seq: Any) -> bool:
         sid = self._sid(seq)
         can = self._m.get("can_allocate")
         if can is not None:
             return bool(can(len(seq)))
         try:
-            ok = not self._refused("allocate_sequence", self._m["allocate_sequence"](sid, len(seq)))
+            ok = self._admit(sid, len(seq))
         except Exception:
             ok = False
         if ok:
@@ -83,7 +99,7 @@ class SequenceFront:
     def allocate(self, seq: Any) -> None:
         sid = self._sid(seq)
         if sid not in self.live:  # asked by can_allocate, not yet made
-            if self._refused("allocate_sequence", self._m["allocate_sequence"](sid, len(seq))):
+            if not self._admit(sid, len(seq)):
                 raise AssertionError(f"{self._amap.get('allocate_sequence')} refused after "
                                      f"{self._amap.get('can_allocate')} said it fits")
             self.live[sid] = seq
@@ -96,7 +112,7 @@ class SequenceFront:
         if can is not None:
             return bool(can(sid))
         try:
-            ok = not self._refused("append_token", self._m["append_token"](sid))
+            ok = not self._refused("append_token", self._append(sid))
         except Exception:
             ok = False
         self.pending[sid] = ok
@@ -105,10 +121,15 @@ class SequenceFront:
     def may_append(self, seq: Any) -> None:
         sid = self._sid(seq)
         if not self.pending.pop(sid, False):
-            if self._refused("append_token", self._m["append_token"](sid)):
+            if self._refused("append_token", self._append(sid)):
                 raise AssertionError(f"{self._amap.get('append_token')} refused after "
                                      f"{self._amap.get('can_append')} said it fits")
         seq.block_table = self._table(sid)
+
+    def _append(self, sid: int) -> Any:
+        if self._amap.per_id.get("grow_by_one"):
+            return self._m["append_token"](sid, 1)
+        return self._m["append_token"](sid)
 
     def deallocate(self, seq: Any) -> None:
         sid = getattr(seq, _SEQ_ID, None)

@@ -32,6 +32,9 @@ FREE_LIST_ROLES: dict[str, tuple[str, ...]] = {
     "free": ("free", "free_blocks", "release", "release_blocks", "deallocate", "dealloc", "free_block",
              "release_block", "put", "give_back", "recycle"),
 }
+# a free list with ref counts: one holder more for each block (the pool level's Touch)
+SHARE = ("incref", "inc_ref", "increase_ref", "increment_ref", "add_ref", "retain", "share", "acquire_ref", "ref",
+         "fork_blocks", "incref_blocks", "share_blocks")
 SEQUENCE_ROLES: dict[str, tuple[str, ...]] = {
     "allocate_sequence": ("allocate_sequence", "allocate_seq", "alloc_sequence", "add_sequence", "allocate_for",
                           "allocate_request", "add_request", "allocate", "alloc"),
@@ -46,7 +49,8 @@ TABLE_FIELDS = ("block_tables", "tables", "seq_blocks", "seq_to_blocks", "sequen
 CAN_ALLOCATE = ("can_allocate", "can_alloc", "has_free", "can_allocate_blocks")
 CAN_APPEND = ("can_append", "can_append_token", "can_append_slot", "can_grow")
 FREE_COUNT = ("num_free", "get_num_free_blocks", "num_free_blocks", "free_count", "get_free_count",
-              "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count")
+              "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count",
+              "available_size", "free_blocks")
 FREE_FIELDS = ("free_block_ids", "free_blocks", "free_list", "free_ids", "free", "_free", "free_pages",
                "free_queue", "_free_blocks", "_free_list", "available_blocks", "pool")
 REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts")
@@ -54,7 +58,7 @@ NUM_BLOCKS_PARAMS = ("num_blocks", "n_blocks", "num_gpu_blocks", "total_blocks",
                      "num_pages", "n_pages", "size", "max_blocks", "pool_size", "blocks", "num_kv_blocks")
 BLOCK_SIZE_PARAMS = ("block_size", "page_size", "tokens_per_block", "kv_block_size", "kvcache_block_size")
 ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append",
-                                                               "num_free", "free_ids", "ref_counts")
+                                                               "num_free", "free_ids", "ref_counts", "share")
 _SINGLE_ID = ("block_id", "block", "id", "idx", "bid", "page", "page_id", "index", "b")
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -77,10 +81,14 @@ class AllocMap:
             parts = [f"Alloc(n) -> {c}.{m['allocate']}(" + (")" + " x n" if self.per_id.get("allocate") else "n)"),
                      f"Free(ids) -> {c}.{m['free']}(" + ("id) per id" if self.per_id.get("free") else "ids)")]
         else:
-            parts = [f"Admit -> {c}.{m['allocate_sequence']}(seq_id, n_tokens)",
-                     f"Step -> {c}.{m['append_token']}(seq_id)", f"Finish/Preempt -> {c}.{m['free_sequence']}(seq_id)",
+            grow = self.per_id.get("add_then_grow")
+            parts = [f"Admit -> {c}.{m['allocate_sequence']}(seq_id)" + (f" + {c}.{m['append_token']}(seq_id, n_tokens)"
+                                                                        if grow else "(seq_id, n_tokens)"),
+                     f"Step -> {c}.{m['append_token']}(seq_id" + (", 1)" if self.per_id.get("grow_by_one") else ")"), f"Finish/Preempt -> {c}.{m['free_sequence']}(seq_id)",
                      f"table <- {c}.{m['block_table']}" + ("(seq_id)" if callable(getattr(cls, m["block_table"] or "", None))
                                                            else "[seq_id]")]
+        if self.shape == FREE_LIST and m.get("share"):
+            parts.append(f"Touch(ids) -> {c}.{m['share']}(" + ("id) per id" if self.per_id.get("share") else "ids)"))
         for role, shown in (("can_allocate", "can_allocate"), ("can_append", "can_append"), ("num_free", "free count"),
                             ("free_ids", "free list"), ("ref_counts", "ref counts")):
             if m.get(role):
@@ -170,13 +178,17 @@ def _infer_free_list(cls: type) -> Optional[AllocMap]:
     if alloc is None or free is None:
         return None
     per_free = required(cls, free)[0].name in _SINGLE_ID
+    share = _first(cls, SHARE, (1,), {alloc, free})
     methods = {"allocate": alloc, "free": free, "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
-               "num_free": _counter(cls)}
-    return AllocMap(FREE_LIST, methods, {"allocate": per_alloc, "free": per_free})
+               "num_free": _counter(cls), "share": share}
+    return AllocMap(FREE_LIST, methods, {"allocate": per_alloc, "free": per_free,
+                                         "share": bool(share) and required(cls, share)[0].name in _SINGLE_ID})
 
 
 def _infer_sequence(cls: type) -> Optional[AllocMap]:
     alloc = _first(cls, SEQUENCE_ROLES["allocate_sequence"], (2,), set())
+    if alloc is None:  # add the sequence, then grow it: add_sequence(seq_id), append_tokens(seq_id, n=1)
+        return _infer_add_and_grow(cls)
     append = _first(cls, SEQUENCE_ROLES["append_token"], (1,), {alloc})
     free = _first(cls, SEQUENCE_ROLES["free_sequence"], (1,), {alloc, append})
     table = _first(cls, TABLE_METHODS, (1,), {alloc, append, free})
@@ -186,6 +198,24 @@ def _infer_sequence(cls: type) -> Optional[AllocMap]:
                "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
                "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
     return AllocMap(SEQUENCE, methods)
+
+
+ADD_SEQUENCE = ("add_sequence", "add_seq", "new_sequence", "create_sequence", "register_sequence", "start_sequence",
+                "add_request", "allocate_sequence", "add")
+
+
+def _infer_add_and_grow(cls: type) -> Optional[AllocMap]:
+    add = _first(cls, ADD_SEQUENCE, (1,), set())
+    grow = next((n for n in SEQUENCE_ROLES["append_token"] if n != add and required(cls, n) is not None
+                 and len(required(cls, n)) in (1, 2) and takes(cls, n, 2)), None)
+    free = _first(cls, SEQUENCE_ROLES["free_sequence"], (1,), {add, grow})
+    if add is None or grow is None or free is None:
+        return None
+    methods = {"allocate_sequence": add, "append_token": grow, "free_sequence": free,
+               "block_table": _first(cls, TABLE_METHODS, (1,), {add, grow, free}),
+               "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
+    return AllocMap(SEQUENCE, methods, {"add_then_grow": True, "grow_by_one": len(required(cls, grow)) == 2})
 
 
 def returns_value(cls: type, name: Optional[str]) -> bool:
@@ -259,8 +289,8 @@ def declared(cls: type, table: Mapping[str, Any], where: str) -> AllocMap:
     for key, value in table.items():
         if key == "shape":
             continue
-        if key in ("allocate_per_id", "free_per_id"):
-            per_id[key[:-7]] = bool(value)
+        if key in ("allocate_per_id", "free_per_id", "share_per_id", "add_then_grow", "grow_by_one"):
+            per_id[key[:-7] if key.endswith("_per_id") else key] = bool(value)
             continue
         if key not in ALL_ROLES:
             raise ValueError(f"{where}: unknown role {key!r} (known: shape, {', '.join(ALL_ROLES)}, "

@@ -84,9 +84,15 @@ def _calls(amap: AllocMap) -> list:
                Call(m["free"], ("block_id: int",) if amap.per_id.get("free") else ("block_ids: list",), "None")]
         if m.get("can_allocate"):
             out.append(Call(m["can_allocate"], ("n: int",), "bool"))
+        if m.get("share"):
+            out.append(Call(m["share"], ("block_id: int",) if amap.per_id.get("share") else ("block_ids: list",),
+                            "None"))
         return out
-    out = [Call(m["allocate_sequence"], ("seq_id: int", "n_tokens: int"), "anything; None/False: refused"),
-           Call(m["append_token"], ("seq_id: int",), "anything; None/False: refused"),
+    grow = amap.per_id.get("add_then_grow")
+    out = [Call(m["allocate_sequence"], ("seq_id: int",) if grow else ("seq_id: int", "n_tokens: int"),
+                "anything; None/False: refused"),
+           Call(m["append_token"], ("seq_id: int", "n_tokens: int") if grow else ("seq_id: int",),
+                "anything; None/False: refused"),
            Call(m["free_sequence"], ("seq_id: int",), "None")]
     for role, args in (("can_allocate", ("n_tokens: int",)), ("can_append", ("seq_id: int",))):
         if m.get(role):
@@ -117,9 +123,10 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
     declaration = f"{'none: ' if amap.where == 'inferred' else ''}allocator API {shown}"
     if amap.shape == FREE_LIST:
         reserved = _reserved(make_fn, amap, spec)
+        unsupported = POOL_ONLY_OPS - ({"Touch"} if amap.get("share") else set())  # ref counts: Touch shares
         traits = Traits(null_block=bool(reserved), null_block_id=0, unhashed_free_first=False,
                         misuse_errors=(Exception,), levels=("pool",), prefix_caching="off", free_order="any",
-                        unsupported_ops=POOL_ONLY_OPS, declaration=declaration)
+                        unsupported_ops=unsupported, declaration=declaration)
         return FreeListTarget(spec, traits, make_fn, amap, reserved)
     from kvspec.alloc.seq_manager import front_class
     from kvspec.targets.nano_sequence import Sequence
