@@ -169,7 +169,8 @@ def infer(cls: type) -> Optional[AllocMap]:
 def _infer_free_list(cls: type) -> Optional[AllocMap]:
     alloc = _first(cls, FREE_LIST_ROLES["allocate"], (1,), set())
     per_alloc = False
-    if alloc is not None and required(cls, alloc)[0].name in ("seq", "sequence", "seq_id", "request", "req"):
+    if alloc is not None and (required(cls, alloc)[0].name in ("seq", "sequence", "seq_id", "request", "req")
+                              or "token" in required(cls, alloc)[0].name):  # a count of tokens is not of blocks
         alloc = None
     if alloc is None:
         alloc = _first(cls, FREE_LIST_ROLES["allocate"], (0,), set())
