@@ -123,3 +123,28 @@ def test_kvspec_api_documents_the_allocator_level():
     out = _kvspec("api", "allocator", cwd=ROOT)
     assert out.returncode == 0
     assert "allocate_sequence(seq_id: int, n_tokens: int)" in out.stdout and "[tool.kvspec.alloc]" in out.stdout
+
+
+def test_a_patch_applies_to_an_allocator_of_its_own(tmp_path):
+    line = "        if n < 0 or n >= len(self.free_ids):  # BUG: >= refuses n == the free count\n"
+    assert line in EXAMPLE.read_text()
+    diff = tmp_path / "fix.diff"
+    start = EXAMPLE.read_text().splitlines(keepends=True).index(line) + 1
+    diff.write_text(f"--- a/{EXAMPLE.name}\n+++ b/{EXAMPLE.name}\n@@ -{start},1 +{start},1 @@\n-{line}"
+                    f"+{line.replace('>=', '>')}")
+    target = load_target(f"{EXAMPLE}:EagerFreeListAllocator", patch=str(diff))
+    assert _check(target, tmp_path, 60).verdict == "pass"
+
+
+def test_a_class_attribute_declaration_and_api_allocator(tmp_path, capsys):
+    src = (CORPUS / "odd_names.py").read_text().replace(
+        "class Slab:\n", "class Slab:\n    kvspec_alloc = {\"shape\": \"free_list\", \"allocate\": \"grab\", "
+                         "\"free\": \"put_back\", \"num_free\": \"spare\"}\n\n")
+    f = tmp_path / "slab.py"
+    f.write_text(src)
+    t = load_target(f"{f}:Slab")
+    assert "Slab.kvspec_alloc" in t.traits.declaration and "Slab.grab(n)" in t.traits.declaration
+    assert _check(t, tmp_path, 60).verdict == "pass"
+    # --api allocator on a class that also fits no other API: the same inferred mapping
+    t2 = load_target(f"{CORPUS / 'seq_table.py'}:SequenceBlockAllocator", api="allocator")
+    assert "allocate_sequence(seq_id, n_tokens)" in t2.traits.declaration

@@ -82,8 +82,8 @@ class AllocMap:
                      f"Free(ids) -> {c}.{m['free']}(" + ("id) per id" if self.per_id.get("free") else "ids)")]
         else:
             grow = self.per_id.get("add_then_grow")
-            parts = [f"Admit -> {c}.{m['allocate_sequence']}(seq_id)" + (f" + {c}.{m['append_token']}(seq_id, n_tokens)"
-                                                                        if grow else "(seq_id, n_tokens)"),
+            parts = [f"Admit -> {c}.{m['allocate_sequence']}" + (f"(seq_id) + {c}.{m['append_token']}(seq_id, n_tokens)"
+                                                                  if grow else "(seq_id, n_tokens)"),
                      f"Step -> {c}.{m['append_token']}(seq_id" + (", 1)" if self.per_id.get("grow_by_one") else ")"), f"Finish/Preempt -> {c}.{m['free_sequence']}(seq_id)",
                      f"table <- {c}.{m['block_table']}" + ("(seq_id)" if callable(getattr(cls, m["block_table"] or "", None))
                                                            else "[seq_id]")]
