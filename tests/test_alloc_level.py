@@ -148,3 +148,27 @@ def test_a_class_attribute_declaration_and_api_allocator(tmp_path, capsys):
     # --api allocator on a class that also fits no other API: the same inferred mapping
     t2 = load_target(f"{CORPUS / 'seq_table.py'}:SequenceBlockAllocator", api="allocator")
     assert "allocate_sequence(seq_id, n_tokens)" in t2.traits.declaration
+
+
+def test_a_nano_manager_with_odd_names_gets_a_names_proposal_that_works_once_pasted(tmp_path):
+    from tests.test_nano_variants import BASE
+    project = tmp_path / "proj"
+    project.mkdir()
+    src = BASE
+    for old, new in (("can_allocate", "has_room_for"), ("allocate", "admit"), ("deallocate", "evict"),
+                     ("can_append", "can_grow"), ("may_append", "grow")):
+        src = src.replace(f"def {old}(self, seq):", f"def {new}(self, seq):")
+    (project / "mgr.py").write_text(src)
+    (project / "pyproject.toml").write_text('[project]\nname = "mgr"\nversion = "0"\n')
+    args = ("check", "--target", "mgr.py:BlockManager", "--max-examples", "40", "--seed", "0",
+            "--report-dir", str(tmp_path / "r"))
+    first = _kvspec(*args, cwd=project)
+    assert first.returncode == 2 and "(kvspec api nanovllm)" in first.stderr
+    lines = first.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("kvspec: proposed declaration"))
+    proposal = [line[4:] for line in lines[start + 1:] if line.startswith("    ")]
+    assert proposal[0] == "[tool.kvspec.names]" and 'may_append = "grow"' in proposal[-1]
+    with open(project / "pyproject.toml", "a") as f:
+        f.write("\n".join(proposal) + "\n")
+    second = _kvspec(*args, cwd=project)
+    assert second.returncode == 0, second.stderr[-2000:]

@@ -48,9 +48,42 @@ def _pick(methods: dict, role: str, nargs: tuple[int, ...], taken: set, first: O
     return max(best)[1] if best else None
 
 
+_CAN = ("can", "has", "fits", "check", "is")
+
+
+def _propose_nano(methods: dict) -> Optional[list[str]]:
+    """A ``[tool.kvspec.names]`` table for a manager that takes nano-vllm Sequences under
+    other names: can_allocate / allocate / deallocate / can_append / may_append."""
+    takes_seq = {n: req for n, req in methods.items() if req and req[0].name in _SEQ_PARAMS}
+    def can(n: str) -> bool:
+        return n.lower().split("_")[0] in _CAN
+    picks: dict[str, Optional[str]] = {}
+    taken: set = set()
+    # (role, words, a can_/has_ question?, taken without a word: the one question left over)
+    for role, words, want_can, fallback in (("can_append", _WORDS["append_token"], True, False),
+                                            ("can_allocate", _WORDS["allocate"] + ("admit", "assign"), True, True),
+                                            ("may_append", _WORDS["append_token"], False, False),
+                                            ("allocate", _WORDS["allocate"] + ("admit", "assign"), False, False),
+                                            ("deallocate", _WORDS["free"] + ("evict", "finish", "remove"), False,
+                                             False)):
+        best = [(sum(any(w.startswith(x) for x in words) for w in n.lower().split("_")) + (0.5 if fallback else 0), n)
+                for n in takes_seq if n not in taken and can(n) == want_can]
+        best = [b for b in best if b[0] > 0]
+        picks[role] = max(best)[1] if best else None
+        taken.add(picks[role])
+    if not (picks["can_allocate"] and picks["allocate"] and picks["deallocate"]):
+        return None
+    lines = ["[tool.kvspec.names]"]
+    order = ("can_allocate", "allocate", "deallocate", "can_append", "may_append")
+    lines += [f'{role} = "{picks[role]}"  # called as {picks[role]}(seq)' for role in order if picks.get(role)]
+    return lines
+
+
 def propose(cls: type) -> Optional[list[str]]:
     """The TOML lines of a declaration for ``cls``, or None where nothing fits at all."""
     methods = _methods(cls)
+    if any(req and req[0].name in _SEQ_PARAMS for req in methods.values()):
+        return _propose_nano(methods)
     seq_keyed = any(req and req[0].name in _SEQ_ID_PARAMS for req in methods.values())
     lines = ["[tool.kvspec.alloc]"]
     taken: set = set()

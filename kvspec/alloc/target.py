@@ -72,8 +72,9 @@ def refusal(spec: str, cls: type, why: str, source: Optional[Path]) -> TargetErr
           f"check each name, and run again):", file=sys.stderr)
     for line in lines:
         print(f"    {line}", file=sys.stderr)
+    api = "nanovllm" if lines[0] == "[tool.kvspec.names]" else "allocator"
     return TargetError(f"{why}; kvspec cannot tell which of its methods allocate and free: the declaration "
-                       f"printed above, pasted into {where}, says so (kvspec api allocator)")
+                       f"printed above, pasted into {where}, says so (kvspec api {api})")
 
 
 def _calls(amap: AllocMap) -> list:
