@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="run the stateful machines against a target")
     c.add_argument("--target", default="impl", help=TARGET_HELP)
     c.add_argument("--patch", help="unified diff applied to temporary copies of the target's sources (default: none)")
-    c.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"],
+    c.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm", "allocator"],
                    help="API of a user target (default: detected from its methods)")
     c.add_argument("--level", choices=["pool", "cache", "engine", "all"], default="all",
                    help="which machine: the block pool, the cache manager, the engine's own scheduler driving it "
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mc", help="exhaustive bounded model checking")
     m.add_argument("--target", default="impl", help=TARGET_HELP)
     m.add_argument("--patch", help="unified diff applied to temporary copies of the target's sources (default: none)")
-    m.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm"],
+    m.add_argument("--api", choices=["blockpool", "kvcachemanager", "nanovllm", "allocator"],
                    help="API of a user target (default: detected from its methods)")
     m.add_argument("--level", choices=["pool", "cache"], default=None,
                    help="which machine: the block pool or the cache manager (default: the level the target "
@@ -193,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help=JSON_HELP)
 
     ap = sub.add_parser("api", help="the calls kvspec makes on a user's allocator and the internals it reads")
-    ap.add_argument("api", nargs="?", choices=["blockpool", "kvcachemanager", "nanovllm"],
+    ap.add_argument("api", nargs="?", choices=["blockpool", "kvcachemanager", "nanovllm", "allocator"],
                     help="one API (default: all three)")
     ap.add_argument("--json", action="store_true", help=JSON_HELP)
 

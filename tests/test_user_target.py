@@ -306,8 +306,8 @@ def lib(tmp_path):
 
 
         class NeedsConfig(Opaque):
-            def __init__(self, config):
-                pass
+            def __init__(self, config):  # kvspec builds the config (issue 31); this constructor still refuses it
+                raise ValueError("config.model must be a model directory")
 
 
         def broken_factory(num_blocks, block_size):

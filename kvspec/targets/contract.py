@@ -230,9 +230,71 @@ _NANO_APPLIES = {
 }
 
 
+def alloc_styles() -> tuple[Style, ...]:
+    """The allocator level (``kvspec.alloc``): a free list, a sequence-keyed allocator."""
+    from kvspec.alloc import shapes as sh
+
+    def alts(names: tuple) -> str:
+        return "or: " + ", ".join(names[1:])
+    ctor = Call("__init__", ("num_blocks: int",), "the allocator",
+                when="parameters filled by name: " + "/".join(sh.NUM_BLOCKS_PARAMS[:4]) + "... = the block count, "
+                     + "/".join(sh.BLOCK_SIZE_PARAMS[:3]) + "... = the block size; a config object is built as "
+                     "the package's engine builds it (its Config, num_kvcache_blocks/kvcache_block_size)")
+    count = Call(sh.FREE_COUNT[0], (), "int: the free count (a method, property or int attribute)", optional=True,
+                 when=alts(sh.FREE_COUNT))
+    common_reads = (
+        Field("allocator", "<free list>", "list | deque | set | dict of block ids", "optional, found by name: "
+              + ", ".join(sh.FREE_FIELDS[:6]) + ", or the one attribute named *free*; without it and without a "
+              "free count a leak cannot be seen"),
+        Field("allocator", "<ref counts>", "list[int] (one per block)", "optional: " + ", ".join(sh.REF_FIELDS[:3])),
+    )
+    extra = (
+        "mapping: inferred from names and signatures (always shown, and in the report's declaration line), or "
+        "declared in [tool.kvspec.alloc] (or a kvspec_alloc class attribute): shape = \"free_list\" | "
+        "\"sequence\", then role = \"<your method>\" for the roles above (plus allocate_per_id / free_per_id, "
+        "block_table, num_free, free_ids, ref_counts); where nothing fits, kvspec prints a filled-in one",
+        "a refusal is an exception, or a None/False return (None only from a method that returns a value when it "
+        "succeeds); a refusal must change nothing (ATOMIC_REJECT with --misuse; at the cache level the model's "
+        "free counts)",
+        "policies: no prefix cache, free order any (kvspec follows which free blocks it hands out and checks they "
+        "were free), block 0 a null block only where a fresh allocator reports one block fewer free and never hands "
+        "block 0 out",
+        "invariants: ids handed out are distinct, free and in range (EVICTION_ORDER, I1), free returns exactly what "
+        "was held and the count is true (ACCOUNTING, I1), nothing leaks once nothing runs (NO_LEAK, I1), a "
+        "sequence's table covers its tokens and stays put (I2, KV_INTEGRITY's shadow store, EVICTION_ORDER)",
+    )
+    free_list = Style("allocator", "free_list", "allocate(n) -> ids and free(ids): checked at the pool level "
+                      "(Alloc, Free)", (
+                          ctor,
+                          Call("allocate", ("n: int",), "list of block ids (None/False/empty: refused)",
+                               alternatives=((),), when=alts(sh.FREE_LIST_ROLES["allocate"])
+                               + "; allocate() -> one id is called n times"),
+                          Call("free", ("block_ids: list[int]",), "None", alternatives=(("block_id: int",),),
+                               when=alts(sh.FREE_LIST_ROLES["free"]) + "; free(block_id) is called per id"),
+                          Call("can_allocate", ("n: int",), "bool", optional=True, when=alts(sh.CAN_ALLOCATE)),
+                          count), common_reads, extra)
+    sequence = Style("allocator", "sequence", "allocate_sequence(seq_id, n_tokens), append_token(seq_id), "
+                     "free_sequence(seq_id): checked at the cache level (Admit, Step, Preempt, Finish; caching off)", (
+                         Call("__init__", ("num_blocks: int", "block_size: int"), "the allocator", when=ctor.when),
+                         Call("allocate_sequence", ("seq_id: int", "n_tokens: int"), "anything; refused: see below",
+                              when=alts(sh.SEQUENCE_ROLES["allocate_sequence"])),
+                         Call("append_token", ("seq_id: int",), "anything; refused: see below",
+                              when=alts(sh.SEQUENCE_ROLES["append_token"]) + "; called once per decode token"),
+                         Call("free_sequence", ("seq_id: int",), "None", when=alts(sh.SEQUENCE_ROLES["free_sequence"])),
+                         Call("get_block_table", ("seq_id: int",), "list of block ids", optional=True,
+                              when=alts(sh.TABLE_METHODS) + "; else a dict attribute seq_id -> ids: "
+                              + ", ".join(sh.TABLE_FIELDS[:4])),
+                         Call("can_allocate", ("n_tokens: int",), "bool", optional=True, when=alts(sh.CAN_ALLOCATE)),
+                         Call("can_append", ("seq_id: int",), "bool", optional=True, when=alts(sh.CAN_APPEND)),
+                         count), common_reads, extra)
+    return (free_list, sequence)
+
+
 def styles(api: str) -> tuple[Style, ...]:
     if api == "nanovllm":
         return nano_styles()
+    if api == "allocator":
+        return alloc_styles()
     return (V1_STYLES[(api, False)], V1_STYLES[(api, True)])
 
 
@@ -424,7 +486,8 @@ def describe_exception(e: BaseException) -> str:
 
 # -- kvspec api --------------------------------------------------------------------------
 API_TITLES = {"blockpool": "BlockPool (--api blockpool)", "kvcachemanager": "KVCacheManager (--api kvcachemanager)",
-              "nanovllm": "nano-vllm BlockManager (--api nanovllm)"}
+              "nanovllm": "nano-vllm BlockManager (--api nanovllm)",
+              "allocator": "an allocator with an API of its own (--api allocator; the allocator level)"}
 
 
 def _call_line(c: Call) -> str:
@@ -468,7 +531,7 @@ def render_json(apis: Iterable[str]) -> dict:
                    "notes": list(s.extra)} for s in styles(api)] for api in apis}
 
 
-APIS = ("blockpool", "kvcachemanager", "nanovllm")
+APIS = ("blockpool", "kvcachemanager", "nanovllm", "allocator")
 
 
 def cmd_api(a: Any) -> int:

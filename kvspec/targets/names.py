@@ -84,6 +84,13 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "ref_count": ("ref_cnt",),
     "hash_blocks": ("hash_block",),
     "append_token": ("append",),
+    # nano-vllm variants' other spellings of the manager's calls (issue 31): MinivLLM's decode
+    # call is ``append``; incremental-prefill managers grow a table with ensure_blocks_for_prefill.
+    "may_append": ("append_slot", "append_slots", "append"),
+    "can_append": ("can_append_slot", "can_append_slots"),
+    "can_allocate": ("can_allocate_blocks", "can_allocate_prefill"),
+    "allocate": ("allocate_blocks", "ensure_blocks_for_prefill", "allocate_prefill"),
+    "deallocate": ("free_blocks", "deallocate_blocks", "free"),
 }
 
 HOOK_POINTS = ("after_allocate", "after_prefill_chunk", "after_append", "before_deallocate")
@@ -169,9 +176,10 @@ def _name(obj: Any) -> str:
 class Names:
     """kvspec's names resolved against one class (and its blocks, its Sequences)."""
 
-    def __init__(self, declared: Optional[Mapping[str, str]] = None, where: str = "") -> None:
+    def __init__(self, declared: Optional[Mapping[str, str]] = None, where: str = "", quiet: bool = False) -> None:
         self.declared = dict(declared or {})
         self.where = where
+        self.quiet = quiet  # API detection probes names without saying so (the load that follows does)
         self._resolved: dict[tuple[str, str], Optional[str]] = {}
 
     def resolve(self, obj: Any, name: str) -> Optional[str]:
@@ -193,7 +201,7 @@ class Names:
                 raise UsageError(f"{_name(obj)} has no {name!r} but several candidates "
                                  f"({', '.join(present)}): declare which in [tool.kvspec.names] or kvspec_names")
             found = present[0] if present else None
-            if found is not None:
+            if found is not None and not self.quiet:
                 _note(f"{_name(obj)}.{found} is read as kvspec's {name!r} (an alias; declare it in "
                       f"[tool.kvspec.names] to silence this)")
         self._resolved[key] = found

@@ -228,9 +228,119 @@ def cdiv(a: int, b: int) -> int:
 
 
 def caching_switch(cls: type) -> Optional[str]:
-    """The constructor's prefix-caching switch parameter, if it has one."""
+    """The constructor's prefix-caching switch parameter (or its config's field), if it has one."""
     params = _params(cls.__init__) if isinstance(cls, type) else _params(cls)
-    return next((p.name for p in params or () if p.name in CACHING_SWITCHES), None)
+    found = next((p.name for p in params or () if p.name in CACHING_SWITCHES), None)
+    if found is None and config_parameter(cls) is not None:
+        found = next((f for f in config_fields(cls, read_only=True) if f in CACHING_SWITCHES), None)
+    return found
+
+
+# -- a constructor that takes a config object ----------------------------------------------
+# The config's fields kvspec fills, by meaning, as nano-vllm-style engines name them.
+CONFIG_BLOCKS = ("num_kvcache_blocks", "num_blocks", "num_gpu_blocks", "num_cache_blocks", "max_cached_blocks",
+                 "total_blocks", "num_kv_blocks")
+CONFIG_BLOCK_SIZE = ("kvcache_block_size", "block_size", "page_size", "tokens_per_block", "kv_block_size")
+
+
+def config_parameter(build: Any) -> Optional[inspect.Parameter]:
+    """The one required parameter of a constructor that takes a config object
+    (``BlockManager(config)``, as MinivLLM-style engines build it), else None."""
+    params = _params(build.__init__) if isinstance(build, type) else _params(build)
+    required = [p for p in params or () if p.kind in _POSITIONAL and p.default is p.empty]
+    if len(required) != 1:
+        return None
+    p = required[0]
+    a = p.annotation
+    ann = "" if a is p.empty else a if isinstance(a, str) else getattr(a, "__name__", "")
+    return p if ("config" in p.name.lower() or p.name in ("cfg", "conf") or ann.endswith("Config")) else None
+
+
+def config_class(build: Any) -> Optional[type]:
+    """The package's Config class: the parameter's annotation, else a ``Config`` in the
+    constructor's module, else ``<package>.config.Config`` (imported only if already
+    importable without error)."""
+    p = config_parameter(build)
+    owner = build if isinstance(build, type) else None
+    modname = getattr(owner or build, "__module__", "") or ""
+    module = sys.modules.get(modname)
+    a = p.annotation if p is not None else inspect.Parameter.empty
+    if isinstance(a, type):
+        return a
+    names = [a.strip("'\"").rsplit(".", 1)[-1]] if isinstance(a, str) and a else []
+    for n in names + ["Config"]:
+        c = getattr(module, n, None)
+        if isinstance(c, type):
+            return c
+    top = modname.split(".", 1)[0]
+    for cand in (f"{top}.config", f"{modname.rpartition('.')[0]}.config"):
+        if not cand or cand.startswith("."):
+            continue
+        try:
+            from kvspec.targets.nano_loader import import_module_light
+            c = getattr(import_module_light(cand), "Config", None)
+        except Exception:
+            continue
+        if isinstance(c, type):
+            return c
+    return None
+
+
+def config_fields(build: Any, read_only: bool = False) -> list[str]:
+    """The config attributes the constructor reads (``config.num_kvcache_blocks``), then
+    (unless ``read_only``) the Config class's own fields."""
+    p = config_parameter(build)
+    if p is None:
+        return []
+    out: list[str] = []
+    try:
+        src = textwrap.dedent(inspect.getsource(build.__init__ if isinstance(build, type) else build))
+        for node in ast.walk(ast.parse(src)):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == p.name
+                    and node.attr not in out):
+                out.append(node.attr)
+    except (TypeError, OSError, SyntaxError, IndentationError):
+        pass
+    cfg = None if read_only else config_class(build)
+    if cfg is not None:
+        import dataclasses
+        fields = [f.name for f in dataclasses.fields(cfg)] if dataclasses.is_dataclass(cfg) else [
+            k for k, v in vars(cfg).items() if not k.startswith("_") and not callable(v)]
+        out += [f for f in fields if f not in out]
+    return out
+
+
+def build_config(build: Any, num_blocks: int, block_size: int, caching: Optional[bool] = None) -> Any:
+    """A config object for ``build``: the package's Config with its defaults (its
+    ``__init__``/``__post_init__``, which load model files, is not run), the block count,
+    block size and caching switch set to the run's."""
+    import dataclasses
+    cfg_cls = config_class(build)
+    values: dict[str, Any] = {}
+    if cfg_cls is not None and dataclasses.is_dataclass(cfg_cls):
+        for f in dataclasses.fields(cfg_cls):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+                values[f.name] = f.default_factory()  # type: ignore[misc]
+    for name in config_fields(build):
+        if name in CONFIG_BLOCKS:
+            values[name] = num_blocks
+        elif name in CONFIG_BLOCK_SIZE:
+            values[name] = block_size
+        elif name in CACHING_SWITCHES and caching is not None:
+            values[name] = caching
+    if cfg_cls is None:
+        from types import SimpleNamespace
+        return SimpleNamespace(**values)
+    try:
+        obj = cfg_cls.__new__(cfg_cls)
+    except TypeError:
+        from types import SimpleNamespace
+        return SimpleNamespace(**values)
+    for k, v in values.items():
+        object.__setattr__(obj, k, v)
+    return obj
 
 
 def own_block_size(cls: type, seq_cls: Optional[type] = None) -> Optional[int]:
@@ -280,6 +390,14 @@ def build_manager(cls: type, make: Optional[Callable[..., Any]], num_blocks: int
     tied = tied_block_size(seq_cls)
     if tied is not None and tied > block_size:
         block_size = tied
+    if config_parameter(build) is not None:  # BlockManager(config), built as the package's engine builds it
+        try:
+            return build(build_config(build, num_blocks, block_size, caching))
+        except (AssertionError, ValueError):
+            own = own_block_size(cls, seq_cls)
+            if own is None or own == block_size:
+                raise
+            return build(build_config(build, num_blocks, own, caching))
     switch = caching_switch(build if make is not None else cls)
     kw = {switch: caching} if switch else {}
     try:

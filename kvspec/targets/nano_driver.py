@@ -529,8 +529,9 @@ class NanoDriver(Driver):
             if h is not None and ref == 0 and b not in index.get(h, ()):
                 h = None  # free and unreachable: not cached
             states.append(BlockState(ref, h, b in free_set))
+        count = d.get("free_count", len(free))  # the count the manager reports, where the hook gives one
         return Observation(blocks=tuple(states), queue=tuple(free), index=index if self.caching else {},
-                           free_count=len(free), null_block=None, requests=self._requests(),
+                           free_count=count, null_block=None, requests=self._requests(),
                            queue_problems=tuple(problems))
 
 

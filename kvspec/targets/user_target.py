@@ -108,7 +108,8 @@ POOL_METHODS = ("get_new_blocks", "free_blocks", "touch", "cache_full_blocks", "
                 "reset_prefix_cache")
 MANAGER_METHODS = ("get_computed_blocks", "allocate_slots", "free")
 API_METHODS = {"nanovllm": NANO_METHODS, "kvcachemanager": MANAGER_METHODS, "blockpool": POOL_METHODS}
-API_NAMES = {"nanovllm": "nano-vllm BlockManager", "kvcachemanager": "KVCacheManager", "blockpool": "BlockPool"}
+API_NAMES = {"nanovllm": "nano-vllm BlockManager", "kvcachemanager": "KVCacheManager", "blockpool": "BlockPool",
+             "allocator": "allocator"}
 PROBE_SIZE = (4, 2)  # what a factory is called with to see what it returns
 _IMPL_ARGS = {"pool": (4,), "cache": (4, 2)}  # what the impl drivers' probe build passes (num_blocks[, block_size])
 
@@ -292,7 +293,9 @@ def _missing(cls: type, api: str, source: Optional[Path] = None) -> list[str]:
     if api == "nanovllm":  # declared or aliased names, and a chunked manager without can_append/may_append
         from kvspec.targets.names import load_names
         from kvspec.targets.nanovllm_target import missing_nano_methods
-        return missing_nano_methods(cls, load_names(cls, source))
+        names = load_names(cls, source)
+        names.quiet = True  # probing the API: the notes come with the load
+        return missing_nano_methods(cls, names)
     return [m for m in API_METHODS[api] if not callable(getattr(cls, m, None))]
 
 
@@ -301,7 +304,7 @@ def resolve(obj: Any, spec: str, api: Optional[str], source: Optional[Path] = No
     """(api, the allocator's class, the factory or None); ``source`` is the file whose
     nearest pyproject.toml may declare ``[tool.kvspec.names]``."""
     if api is not None and api not in API_METHODS:
-        raise TargetError(f"--api {api}: choose one of {', '.join(API_METHODS)}")
+        raise TargetError(f"--api {api}: choose one of {', '.join(API_METHODS)}, allocator")
     if isinstance(obj, type):
         cls, make = obj, None
     elif callable(obj):
@@ -329,9 +332,17 @@ def resolve(obj: Any, spec: str, api: Optional[str], source: Optional[Path] = No
         if not _missing(cls, a, source):
             return a, cls, make
     closest = min(API_METHODS, key=lambda a: len(_missing(cls, a, source)))
-    raise TargetError(f"target {spec}: {cls.__name__} has none of the APIs kvspec drives (nano-vllm BlockManager, "
+    raise NoKnownApi(cls, make, f"target {spec}: {cls.__name__} has none of the APIs kvspec drives (nano-vllm BlockManager, "
                       f"vLLM KVCacheManager, vLLM BlockPool); as a {API_NAMES[closest]} it lacks "
                       f"{', '.join(_missing(cls, closest, source))}")
+
+
+class NoKnownApi(TargetError):
+    """None of the three APIs fits: the allocator level (``kvspec.alloc``) is tried next."""
+
+    def __init__(self, cls: type, make: Optional[Callable[..., Any]], message: str) -> None:
+        super().__init__(message)
+        self.cls, self.make = cls, make
 
 
 def is_vllm_signature(cls: type, api: str) -> bool:
@@ -442,15 +453,16 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
                      patch_name: Optional[str] = None) -> Target:
     obj, module = load_object(spec)
     source = _source_of(spec, module)  # where [tool.kvspec] is looked for: the unpatched file
+    if api == "allocator" or api is None:
+        alloc = _allocator_level(spec, obj, api, source, patch_text, patch_name, module)
+        if alloc is not None:
+            return alloc
     try:
         api, cls, make = resolve(obj, spec, api, source)
     except TargetError as e:  # no API the cache level drives: its package's scheduler may (i36)
-        from kvspec.engine.engine_only import engine_only_target
-        only = engine_only_target(obj, _sequence_class(module, obj), spec, source, None, str(e)) \
-            if api in (None, "nanovllm") else None
+        only = _engine_only(obj, module, spec, source, patch_text, str(e)) if api in (None, "nanovllm") else None
         if only is None:
             raise
-        only.patch_text = patch_text
         return only
     name = f"{spec}+{patch_name}" if patch_name else spec
     if patch_text is not None:
@@ -470,6 +482,7 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
             only.patch_text = patch_text
             return only
         check_nano(spec, base)  # kvspec's calls fit the class: before anything is built or called
+        _note_config_build(make or cls)
         undriven = undriven_scheduler_calls(base)  # nor does the package's scheduler call what kvspec would not
         if pcls is not cls:
             check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake, source=source))
@@ -491,6 +504,63 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
     return _impl_target(name, api, pcls, pmake or pcls, pmodule, source)
 
 
+def _engine_only(obj: Any, module: Any, spec: str, source: Optional[Path], patch_text: Optional[str],
+                 why: str) -> Optional[Target]:
+    """An engine-only target where the package's own Scheduler drives a manager the cache
+    level cannot (kvspec.engine.engine_only); None where there is no such scheduler."""
+    from kvspec.engine.engine_only import engine_only_target
+    only = engine_only_target(obj, _sequence_class(module, obj), spec, source, None, why)
+    if only is not None:
+        only.patch_text = patch_text
+    return only
+
+
+def _allocator_level(spec: str, obj: Any, api: Optional[str], source: Optional[Path], patch_text: Optional[str],
+                     patch_name: Optional[str], module: Any = None) -> Optional[Target]:
+    """The allocator level (``kvspec.alloc``) for a class with an API of its own: declared
+    (``[tool.kvspec.alloc]``), asked for (``--api allocator``), or where none of the three
+    APIs fits. None: one of them fits."""
+    from kvspec.alloc.target import load_allocator, read_declaration
+    if api is None:
+        cls = obj if isinstance(obj, type) else None
+        declared = read_declaration(cls, source) if cls is not None else None
+        if declared is None:
+            try:
+                resolve(obj, spec, None, source)
+                return None
+            except NoKnownApi as e:
+                # a package whose own Scheduler drives the class: its protocol, not a guessed one
+                only = _engine_only(obj, module, spec, source, patch_text, str(e))
+                if only is not None:
+                    return only
+                cls, make, why = e.cls, e.make, str(e)
+            except TargetError as e:  # an API that fits but cannot be driven: the scheduler may (i36)
+                only = _engine_only(obj, module, spec, source, patch_text, str(e))
+                if only is not None:
+                    return only
+                raise
+        else:
+            make, why = None, f"target {spec}: declared in {declared.where}"
+    else:
+        if isinstance(obj, type):
+            cls, make = obj, None
+        else:
+            try:
+                cls, make = type(obj(*PROBE_SIZE)), obj
+            except Exception as e:
+                raise TargetError(f"target {spec}: calling the factory {getattr(obj, '__name__', obj)}"
+                                  f"{PROBE_SIZE} raised {type(e).__name__}: {e}") from None
+        why = f"target {spec}: --api allocator"
+    if patch_text is not None:
+        pobj, _ = load_object(spec, patch_text)
+        pcls = pobj if isinstance(pobj, type) else cls
+        base = load_allocator(spec, cls, make, source, why)
+        amap = getattr(base, "amap", None)
+        return load_allocator(f"{spec}+{patch_name}" if patch_name else spec, pcls,
+                              None if isinstance(pobj, type) else pobj, source, why, amap)
+    return load_allocator(spec, cls, make, source, why)
+
+
 def undriven_scheduler_calls(target: Any) -> tuple:
     """The state-changing calls the package's scheduler makes that kvspec's cache level does
     not (``kvspec.targets.scheduler_calls``): there the cache level refuses, since its
@@ -510,6 +580,20 @@ def undriven_scheduler_calls(target: Any) -> tuple:
     if len(always) < len(calls):
         _note(f"kvspec: note: {optional_note([c for c in calls if c.flag], Path.cwd())}")
     return always
+
+
+def _note_config_build(build: Any) -> None:
+    """Where the manager is built from a config object, say how (the mapping kvspec used)."""
+    from kvspec.targets.nano_api import CONFIG_BLOCKS, CONFIG_BLOCK_SIZE, config_class, config_fields, config_parameter
+    if config_parameter(build) is None:
+        return
+    cfg = config_class(build)
+    read = config_fields(build, read_only=True)
+    set_ = [f"{f}=<num_blocks>" for f in read if f in CONFIG_BLOCKS] + \
+        [f"{f}=<block_size>" for f in read if f in CONFIG_BLOCK_SIZE]
+    _note(f"kvspec: note: {getattr(build, '__name__', build)}(config) is built with "
+          f"{cfg.__name__ if cfg is not None else 'a namespace'}({', '.join(set_)}), its other fields at their "
+          f"defaults and its __init__ not run")
 
 
 def _why_unbuilt(message: str, build: Any) -> str:

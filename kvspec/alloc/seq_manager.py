@@ -1,0 +1,165 @@
+"""The cache level on a sequence-keyed allocator, through kvspec's nano-vllm driver: a
+nano-vllm-style front (``can_allocate(seq)``, ``allocate(seq)``, ``can_append(seq)``,
+``may_append(seq)``, ``deallocate(seq)``) over ``allocate_sequence(seq_id, n_tokens)``,
+``append_token(seq_id)``, ``free_sequence(seq_id)`` and the table, with the observation
+hook ``kvspec_observe`` (``kvspec.targets.names``). One driver, one observation: the
+cache model then checks that a sequence's table covers its tokens and stays put (SLOTS,
+I2), no block is in two tables (KV_INTEGRITY's shadow store, ACCOUNTING), admission is
+refused only when too few blocks are free (NO_LEAK, ACCOUNTING), a refusal changes
+nothing, and everything is free once nothing runs (NO_LEAK, I1).
+
+Refusals. Where the allocator has no ``can_allocate`` (``can_append``), the front's
+``can_allocate`` makes the allocation itself and reports whether it was refused (an
+exception, or a ``None``/``False`` return); ``allocate`` then only reads the table.
+
+Ref counts: the allocator's ``ref_counts`` list where it keeps one, else the number of
+running sequences whose table holds the block. The free list: the allocator's own
+(``shapes.FREE_FIELDS``), else the blocks nobody holds; the free count: its own
+(``num_free()`` and the like), else the free list's length."""
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from typing import Any, Callable
+
+from kvspec.alloc.pool_driver import as_ids, read_free
+from kvspec.alloc.shapes import AllocMap, returns_value
+
+_SEQ_ID = "kvspec_seq_id"  # the allocator's id for a Sequence, kept on the Sequence (deep copies keep it)
+
+
+class SequenceFront:
+    """Subclassed per allocator class (``front_class``): ``_amap``, ``_make`` set there."""
+    _amap: AllocMap
+    _make: Callable[[int, int], Any]
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.inner = self._make(num_blocks, block_size)
+        own = getattr(self.inner, "block_size", None)
+        self.block_size = own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else block_size
+        self.num_blocks = num_blocks
+        self.live: dict[int, Any] = {}  # seq id -> the Sequence, while it holds blocks
+        self.ids = itertools.count()
+        self.pending: dict[int, bool] = {}  # seq id -> a decode token already given its slot by can_append
+        m = self._amap.methods
+        self._m = {k: (getattr(self.inner, v) if v and callable(getattr(self.inner, v, None)) else None)
+                   for k, v in m.items()}
+        # None is a refusal only from a method that returns something when it succeeds
+        self._none_refuses = {r: returns_value(type(self.inner), m.get(r)) for r in ("allocate_sequence", "append_token")}
+
+    def _refused(self, role: str, value: Any) -> bool:
+        return value is False or (value is None and self._none_refuses[role])
+
+    # -- the nano-vllm front ----------------------------------------------------------------
+    def _sid(self, seq: Any) -> int:
+        if getattr(seq, _SEQ_ID, None) is None:
+            setattr(seq, _SEQ_ID, next(self.ids))
+        return getattr(seq, _SEQ_ID)
+
+    def _table(self, sid: int) -> list:
+        name = self._amap.get("block_table")
+        f = self._m.get("block_table")
+        if f is not None:
+            value = f(sid)
+        else:
+            value = getattr(self.inner, name).get(sid, [])
+        if hasattr(value, "block_ids"):  # a table object
+            value = value.block_ids
+        return as_ids(value) if value is not None else []
+
+    def _admit(self, sid: int, n: int) -> bool:
+        """The allocation of a new sequence of ``n`` tokens: False when refused. Added then
+        grown (``add_then_grow``): a refused growth removes the sequence again, as its caller
+        would (free_sequence)."""
+        if not self._amap.per_id.get("add_then_grow"):
+            return not self._refused("allocate_sequence", self._m["allocate_sequence"](sid, n))
+        if self._refused("allocate_sequence", self._m["allocate_sequence"](sid)):
+            return False
+        try:
+            ok = not self._refused("append_token", self._m["append_token"](sid, n))
+        except Exception:
+            ok = False
+        if not ok:
+            self._m["free_sequence"](sid)
+        return ok
+
+    def can_allocate(self, seq: Any) -> bool:
+        sid = self._sid(seq)
+        can = self._m.get("can_allocate")
+        if can is not None:
+            return bool(can(len(seq)))
+        try:
+            ok = self._admit(sid, len(seq))
+        except Exception:
+            ok = False
+        if ok:
+            self.live[sid] = seq
+        return ok
+
+    def allocate(self, seq: Any) -> None:
+        sid = self._sid(seq)
+        if sid not in self.live:  # asked by can_allocate, not yet made
+            if not self._admit(sid, len(seq)):
+                raise AssertionError(f"{self._amap.get('allocate_sequence')} refused after "
+                                     f"{self._amap.get('can_allocate')} said it fits")
+            self.live[sid] = seq
+        seq.block_table = self._table(sid)
+        seq.num_cached_tokens = 0
+
+    def can_append(self, seq: Any) -> bool:
+        sid = self._sid(seq)
+        can = self._m.get("can_append")
+        if can is not None:
+            return bool(can(sid))
+        try:
+            ok = not self._refused("append_token", self._append(sid))
+        except Exception:
+            ok = False
+        self.pending[sid] = ok
+        return ok
+
+    def may_append(self, seq: Any) -> None:
+        sid = self._sid(seq)
+        if not self.pending.pop(sid, False):
+            if self._refused("append_token", self._append(sid)):
+                raise AssertionError(f"{self._amap.get('append_token')} refused after "
+                                     f"{self._amap.get('can_append')} said it fits")
+        seq.block_table = self._table(sid)
+
+    def _append(self, sid: int) -> Any:
+        if self._amap.per_id.get("grow_by_one"):
+            return self._m["append_token"](sid, 1)
+        return self._m["append_token"](sid)
+
+    def deallocate(self, seq: Any) -> None:
+        sid = getattr(seq, _SEQ_ID, None)
+        if sid is not None and sid in self.live:
+            self._m["free_sequence"](sid)
+            del self.live[sid]
+        seq.block_table = []
+        seq.num_cached_tokens = 0
+
+    # -- the observation hook ---------------------------------------------------------------
+    def kvspec_observe(self) -> dict:
+        m = self._amap.methods
+        n = self.num_blocks
+        if m.get("ref_counts"):
+            refs = [int(r) for r in getattr(self.inner, m["ref_counts"])]
+        else:
+            held = Counter(b for sid in self.live for b in self._table(sid))
+            refs = [held[b] for b in range(n)]
+        if m.get("free_ids"):
+            free = read_free(getattr(self.inner, m["free_ids"]))
+        else:
+            free = [b for b in range(n) if refs[b] == 0]
+        out = {"blocks": [(refs[b], None, []) for b in range(n)], "free": free, "index": {}}
+        if m.get("num_free"):
+            v = getattr(self.inner, m["num_free"])
+            out["free_count"] = int(v() if callable(v) else v)
+        return out
+
+
+def front_class(cls: type, amap: AllocMap, make: Callable[[int, int], Any]) -> type:
+    """A SequenceFront subclass named after the allocator class (messages name it)."""
+    return type(cls.__name__, (SequenceFront,), {"_amap": amap, "_make": staticmethod(make),
+                                                 "__module__": cls.__module__})

@@ -1,0 +1,314 @@
+"""Which allocator API a class has, read from its method names and signatures.
+
+Two shapes (issue 31), each a set of roles kvspec fills with the class's own methods:
+
+- ``free_list``: ``allocate(n) -> ids`` (or ``allocate() -> id``, called n times) and
+  ``free(ids)`` (or ``free(id)``, called per id); optional ``can_allocate(n)`` and a free
+  count (``num_free()``, ``get_num_free_blocks()``, a ``num_free_blocks`` attribute...).
+  Driven at the pool level (``Alloc``/``Free``).
+- ``sequence``: ``allocate_sequence(seq_id, n_tokens)``, ``append_token(seq_id)``,
+  ``free_sequence(seq_id)`` and the table, ``get_block_table(seq_id)`` (or a dict
+  attribute ``seq_id -> [block ids]``); optional ``can_allocate(n_tokens)`` /
+  ``can_append(seq_id)`` and a free count. Driven at the cache level (``Admit``/``Step``/
+  ``Finish``), prefix caching off.
+
+A role is filled by the first of its candidate names the class has whose signature takes
+kvspec's call (``inspect.Signature.bind``): the mapping is bound to the signatures at load,
+never guessed past them. ``describe`` is the mapping in one line (always shown);
+``proposal`` is the ``[tool.kvspec.alloc]`` table a user pastes where nothing fits.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+FREE_LIST, SEQUENCE = "free_list", "sequence"
+
+# role -> candidate method names, most specific first
+FREE_LIST_ROLES: dict[str, tuple[str, ...]] = {
+    "allocate": ("allocate", "alloc", "allocate_blocks", "alloc_blocks", "get_blocks", "take", "acquire",
+                 "allocate_block", "alloc_block", "get_free_block", "pop_free_block"),
+    "free": ("free", "free_blocks", "release", "release_blocks", "deallocate", "dealloc", "free_block",
+             "release_block", "put", "give_back", "recycle"),
+}
+# a free list with ref counts: one holder more for each block (the pool level's Touch)
+SHARE = ("incref", "inc_ref", "increase_ref", "increment_ref", "add_ref", "retain", "share", "acquire_ref", "ref",
+         "fork_blocks", "incref_blocks", "share_blocks")
+SEQUENCE_ROLES: dict[str, tuple[str, ...]] = {
+    "allocate_sequence": ("allocate_sequence", "allocate_seq", "alloc_sequence", "add_sequence", "allocate_for",
+                          "allocate_request", "add_request", "allocate", "alloc"),
+    "append_token": ("append_token", "append_slot", "append", "append_tokens", "add_token", "grow", "extend"),
+    "free_sequence": ("free_sequence", "free_seq", "release_sequence", "remove_sequence", "free_request",
+                      "release_request", "free", "release", "deallocate"),
+}
+TABLE_METHODS = ("get_block_table", "block_table", "get_blocks", "get_table", "blocks_of", "get_block_ids",
+                 "table_of")
+TABLE_FIELDS = ("block_tables", "tables", "seq_blocks", "seq_to_blocks", "sequences", "seqs", "block_table",
+                "seq_block_tables", "request_blocks", "req_to_blocks", "allocations")
+CAN_ALLOCATE = ("can_allocate", "can_alloc", "has_free", "can_allocate_blocks")
+CAN_APPEND = ("can_append", "can_append_token", "can_append_slot", "can_grow")
+FREE_COUNT = ("num_free", "get_num_free_blocks", "num_free_blocks", "free_count", "get_free_count",
+              "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count",
+              "available_size", "free_blocks")
+FREE_FIELDS = ("free_block_ids", "free_blocks", "free_list", "free_ids", "free", "_free", "free_pages",
+               "free_queue", "_free_blocks", "_free_list", "available_blocks", "pool")
+REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts")
+NUM_BLOCKS_PARAMS = ("num_blocks", "n_blocks", "num_gpu_blocks", "total_blocks", "num_total_blocks", "capacity",
+                     "num_pages", "n_pages", "size", "max_blocks", "pool_size", "blocks", "num_kv_blocks")
+BLOCK_SIZE_PARAMS = ("block_size", "page_size", "tokens_per_block", "kv_block_size", "kvcache_block_size")
+ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append",
+                                                               "num_free", "free_ids", "ref_counts", "share")
+_SINGLE_ID = ("block_id", "block", "id", "idx", "bid", "page", "page_id", "index", "b")
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@dataclass
+class AllocMap:
+    """A shape and the class's name for each of its roles (``None``: absent)."""
+    shape: str
+    methods: dict[str, Optional[str]]
+    per_id: dict[str, bool] = field(default_factory=dict)  # allocate() -> id, free(id): called once per block
+    where: str = "inferred"  # or the declaration's place
+
+    def get(self, role: str) -> Optional[str]:
+        return self.methods.get(role)
+
+    def describe(self, cls: type) -> str:
+        """The mapping in one line, as kvspec drives it."""
+        m, c = self.methods, cls.__name__
+        if self.shape == FREE_LIST:
+            parts = [f"Alloc(n) -> {c}.{m['allocate']}(" + (")" + " x n" if self.per_id.get("allocate") else "n)"),
+                     f"Free(ids) -> {c}.{m['free']}(" + ("id) per id" if self.per_id.get("free") else "ids)")]
+        else:
+            grow = self.per_id.get("add_then_grow")
+            parts = [f"Admit -> {c}.{m['allocate_sequence']}" + (f"(seq_id) + {c}.{m['append_token']}(seq_id, n_tokens)"
+                                                                  if grow else "(seq_id, n_tokens)"),
+                     f"Step -> {c}.{m['append_token']}(seq_id" + (", 1)" if self.per_id.get("grow_by_one") else ")"), f"Finish/Preempt -> {c}.{m['free_sequence']}(seq_id)",
+                     f"table <- {c}.{m['block_table']}" + ("(seq_id)" if callable(getattr(cls, m["block_table"] or "", None))
+                                                           else "[seq_id]")]
+        if self.shape == FREE_LIST and m.get("share"):
+            parts.append(f"Touch(ids) -> {c}.{m['share']}(" + ("id) per id" if self.per_id.get("share") else "ids)"))
+        for role, shown in (("can_allocate", "can_allocate"), ("can_append", "can_append"), ("num_free", "free count"),
+                            ("free_ids", "free list"), ("ref_counts", "ref counts")):
+            if m.get(role):
+                parts.append(f"{shown} <- {c}.{m[role]}")
+        missing = [w for r, w in (("num_free", "free count"), ("free_ids", "free list")) if not m.get(r)]
+        tail = f"; not found: {', '.join(missing)}" if missing else ""
+        return f"{self.shape.replace('_', ' ')} allocator ({self.where}): " + ", ".join(parts) + tail
+
+
+def _sig(fn: Any) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def required(cls: type, name: str) -> Optional[list[inspect.Parameter]]:
+    """The required positional parameters of ``cls.name`` (self excluded); None if not a method."""
+    fn = getattr(cls, name, None)
+    if not callable(fn) or isinstance(fn, type):
+        return None
+    sig = _sig(fn)
+    if sig is None:
+        return []
+    params = list(sig.parameters.values())
+    if params and params[0].name in ("self", "cls") and not isinstance(inspect.getattr_static(cls, name, None),
+                                                                         staticmethod):
+        params = params[1:]
+    return [p for p in params if p.kind in _POSITIONAL and p.default is p.empty]
+
+
+def takes(cls: type, name: str, n: int) -> bool:
+    """Whether ``cls.name`` can be called with ``n`` positional arguments."""
+    fn = getattr(cls, name, None)
+    sig = _sig(fn) if callable(fn) else None
+    if sig is None:
+        return callable(fn)
+    first = next(iter(sig.parameters.values()), None)
+    args = [object()] * (n + (1 if first is not None and first.name in ("self", "cls")
+                              and not isinstance(inspect.getattr_static(cls, name, None), staticmethod) else 0))
+    try:
+        sig.bind(*args)
+        return True
+    except TypeError:
+        return False
+
+
+def _first(cls: type, names: tuple[str, ...], nargs: tuple[int, ...], exclude: set) -> Optional[str]:
+    for name in names:
+        if name in exclude:
+            continue
+        req = required(cls, name)
+        if req is None:
+            continue
+        if len(req) in nargs and all(takes(cls, name, len(req)) for _ in (0,)):
+            return name
+    return None
+
+
+def _counter(cls: type) -> Optional[str]:
+    """The free count: a method taking nothing, or a property (read on the instance)."""
+    for name in FREE_COUNT:
+        raw = inspect.getattr_static(cls, name, None)
+        if isinstance(raw, property):
+            return name
+        req = required(cls, name)
+        if req is not None and not req:
+            return name
+    return None
+
+
+def infer(cls: type) -> Optional[AllocMap]:
+    """The shape and mapping of ``cls``, or None where neither shape fits."""
+    seq = _infer_sequence(cls)
+    return seq if seq is not None else _infer_free_list(cls)
+
+
+def _infer_free_list(cls: type) -> Optional[AllocMap]:
+    alloc = _first(cls, FREE_LIST_ROLES["allocate"], (1,), set())
+    per_alloc = False
+    if alloc is not None and (required(cls, alloc)[0].name in ("seq", "sequence", "seq_id", "request", "req")
+                              or "token" in required(cls, alloc)[0].name):  # a count of tokens is not of blocks
+        alloc = None
+    if alloc is None:
+        alloc = _first(cls, FREE_LIST_ROLES["allocate"], (0,), set())
+        per_alloc = alloc is not None
+    free = _first(cls, FREE_LIST_ROLES["free"], (1,), {alloc})
+    if alloc is None or free is None:
+        return None
+    per_free = required(cls, free)[0].name in _SINGLE_ID
+    share = _first(cls, SHARE, (1,), {alloc, free})
+    methods = {"allocate": alloc, "free": free, "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
+               "num_free": _counter(cls), "share": share}
+    return AllocMap(FREE_LIST, methods, {"allocate": per_alloc, "free": per_free,
+                                         "share": bool(share) and required(cls, share)[0].name in _SINGLE_ID})
+
+
+def _infer_sequence(cls: type) -> Optional[AllocMap]:
+    alloc = _first(cls, SEQUENCE_ROLES["allocate_sequence"], (2,), set())
+    if alloc is None:  # add the sequence, then grow it: add_sequence(seq_id), append_tokens(seq_id, n=1)
+        return _infer_add_and_grow(cls)
+    append = _first(cls, SEQUENCE_ROLES["append_token"], (1,), {alloc})
+    free = _first(cls, SEQUENCE_ROLES["free_sequence"], (1,), {alloc, append})
+    table = _first(cls, TABLE_METHODS, (1,), {alloc, append, free})
+    if alloc is None or append is None or free is None:
+        return None
+    methods = {"allocate_sequence": alloc, "append_token": append, "free_sequence": free, "block_table": table,
+               "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
+    return AllocMap(SEQUENCE, methods)
+
+
+ADD_SEQUENCE = ("add_sequence", "add_seq", "new_sequence", "create_sequence", "register_sequence", "start_sequence",
+                "add_request", "allocate_sequence", "add")
+
+
+def _infer_add_and_grow(cls: type) -> Optional[AllocMap]:
+    add = _first(cls, ADD_SEQUENCE, (1,), set())
+    grow = next((n for n in SEQUENCE_ROLES["append_token"] if n != add and required(cls, n) is not None
+                 and len(required(cls, n)) in (1, 2) and takes(cls, n, 2)), None)
+    free = _first(cls, SEQUENCE_ROLES["free_sequence"], (1,), {add, grow})
+    if add is None or grow is None or free is None:
+        return None
+    methods = {"allocate_sequence": add, "append_token": grow, "free_sequence": free,
+               "block_table": _first(cls, TABLE_METHODS, (1,), {add, grow, free}),
+               "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
+    return AllocMap(SEQUENCE, methods, {"add_then_grow": True, "grow_by_one": len(required(cls, grow)) == 2})
+
+
+def returns_value(cls: type, name: Optional[str]) -> bool:
+    """Whether ``cls.name`` returns something on some path (``return x``, x not None): then a
+    ``None`` return is a refusal; a method that returns nothing succeeds with ``None``."""
+    import ast
+    import textwrap
+    fn = getattr(cls, name, None) if name else None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, OSError, SyntaxError, IndentationError):
+        return True
+    top = tree.body[0] if tree.body else None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node is not top:
+            continue
+        if isinstance(node, ast.Return) and node.value is not None and not (
+                isinstance(node.value, ast.Constant) and node.value.value is None):
+            return True
+    return False
+
+
+def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
+    """The internals read on a built instance: the free list, ref counts and (for the
+    sequence shape without a table method) the table dict."""
+    def ints(v: Any) -> bool:
+        try:
+            items = list(v.keys()) if isinstance(v, Mapping) else list(v)
+        except TypeError:
+            return False
+        from kvspec.alloc.pool_driver import is_object
+        return all(type(x) is int or is_object(x) for x in items)
+
+    attrs = vars(obj) if hasattr(obj, "__dict__") else {}
+    if not amap.get("free_ids"):
+        for name in FREE_FIELDS + tuple(k for k in attrs if "free" in k.lower() and k not in FREE_FIELDS):
+            v = attrs.get(name)
+            if v is not None and not isinstance(v, (str, bytes, int)) and hasattr(v, "__len__") and ints(v) \
+                    and len(v) <= num_blocks and not callable(v):
+                amap.methods["free_ids"] = name
+                break
+    if not amap.get("num_free"):  # a counter kept as a plain int attribute
+        for name in FREE_COUNT:
+            v = attrs.get(name)
+            if type(v) is int:
+                amap.methods["num_free"] = name
+                break
+    if not amap.get("ref_counts"):
+        for name in REF_FIELDS:
+            v = attrs.get(name)
+            if isinstance(v, (list, tuple)) and len(v) == num_blocks and ints(v):
+                amap.methods["ref_counts"] = name
+                break
+    if amap.shape == SEQUENCE and not amap.get("block_table"):
+        for name in TABLE_FIELDS + tuple(k for k in attrs if ("table" in k.lower() or "seq" in k.lower())
+                                         and k not in TABLE_FIELDS):
+            if isinstance(attrs.get(name), dict):
+                amap.methods["block_table"] = name
+                break
+
+
+def declared(cls: type, table: Mapping[str, Any], where: str) -> AllocMap:
+    """A mapping declared as ``[tool.kvspec.alloc]`` / ``kvspec_alloc``: ``shape`` plus role
+    = method name. Raises ValueError (a one-line reason) for a mistake."""
+    shape = table.get("shape")
+    roles = {FREE_LIST: FREE_LIST_ROLES, SEQUENCE: SEQUENCE_ROLES}.get(shape)
+    if roles is None:
+        raise ValueError(f"{where}: shape must be \"{FREE_LIST}\" or \"{SEQUENCE}\", not {shape!r}")
+    methods: dict[str, Optional[str]] = {}
+    per_id: dict[str, bool] = {}
+    for key, value in table.items():
+        if key == "shape":
+            continue
+        if key in ("allocate_per_id", "free_per_id", "share_per_id", "add_then_grow", "grow_by_one"):
+            per_id[key[:-7] if key.endswith("_per_id") else key] = bool(value)
+            continue
+        if key not in ALL_ROLES:
+            raise ValueError(f"{where}: unknown role {key!r} (known: shape, {', '.join(ALL_ROLES)}, "
+                             f"allocate_per_id, free_per_id)")
+        if not isinstance(value, str) or not value.isidentifier():
+            raise ValueError(f"{where}: {key} must name a method or attribute, not {value!r}")
+        methods[key] = value
+    for role in roles:
+        if role not in methods:
+            raise ValueError(f"{where}: the {shape} shape needs {role} = \"<your method>\"")
+        if not callable(getattr(cls, methods[role], None)):
+            raise ValueError(f"{where}: {role} = {methods[role]!r}, but {cls.__name__} has no method {methods[role]!r}")
+    if shape == SEQUENCE and "block_table" not in methods:
+        raise ValueError(f"{where}: the sequence shape needs block_table = \"<method(seq_id) or dict attribute>\"")
+    if shape == FREE_LIST:
+        for role in ("allocate", "free"):
+            if role not in per_id:
+                req = required(cls, methods[role]) or []
+                per_id[role] = len(req) == 0 if role == "allocate" else bool(req) and req[0].name in _SINGLE_ID
+    return AllocMap(shape, methods, per_id, where)
