@@ -35,5 +35,9 @@ def check_text(report) -> str:
         v = f.violations[0]
         lines.append(f"robustness: {v.invariant}: {v.message} ({len(f.steps)} steps; repro: {f.repro})")
     lines += hints.assuming_lines(report)
+    cov = getattr(report, "coverage", None)
+    if cov:  # what the verdict covered, and a changed method the run never called
+        from kvspec.check.coverage import coverage_lines
+        lines += coverage_lines(cov["levels"], cov["notes"])
     lines.append(f"verdict: {report.verdict}")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
 from kvspec.targets.base import Driver, TargetError
-from kvspec.targets.names import OBSERVE_HOOK, Names, companion_set, read_free_list
+from kvspec.targets.names import OBSERVE_HOOK, Names, companion_set, free_next_end, read_free_list
 from kvspec.targets.nano_sequence import sequence_factory
 
 BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
@@ -66,6 +66,8 @@ class NanoDriver(Driver):
 
     ``make(num_blocks, block_size)`` builds the manager: the class itself, or a user's
     factory with the same convention."""
+
+    free_order = ""  # the declared free order (set by the target): a list under "mru" is a stack
 
     def __init__(self, manager_cls: type, seq_cls: type, api: str, config: Config,
                  make: Optional[Callable[..., Any]] = None, names: Optional[Names] = None,
@@ -364,7 +366,8 @@ class NanoDriver(Driver):
         m = self.mgr
         attr = self.names.resolve(m, "free_block_ids")
         free = getattr(m, attr)
-        queue, problems = read_free_list(free, companion_set(m, attr, self.names))
+        queue, problems = read_free_list(free, companion_set(m, attr, self.names),
+                                         next_end=free_next_end(free, self.names, self.free_order))
         if self.tiers:  # the manager's other free pools, reused after its free list (nano_api.free_tiers)
             n = len(self.names.get(m, "blocks"))
             for tier in self.tiers:

@@ -198,8 +198,10 @@ class NanoTarget(Target):
         return self._driver(config)
 
     def _driver(self, config: Config) -> Driver:
-        return NanoDriver(self.manager_cls, self.seq_cls, self.api, config, self.make, self.names, self.protocol,
-                          self.caching_support)
+        driver = NanoDriver(self.manager_cls, self.seq_cls, self.api, config, self.make, self.names, self.protocol,
+                            self.caching_support)
+        driver.free_order = self.traits.free_order  # how its free list is read (names.free_next_end)
+        return driver
 
     def check_internals(self) -> None:
         """Raise TargetError (one line) unless a manager shows what the observation reads."""
