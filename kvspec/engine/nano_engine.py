@@ -111,7 +111,7 @@ class NanoEngineDriver:
                  max_num_batched_tokens: Optional[int] = None) -> None:
         from kvspec.targets.nano_api import detect_nano_api
         from kvspec.targets.nano_driver import NanoDriver
-        from kvspec.targets.nanovllm_target import caching_support
+        from kvspec.targets.nanovllm_target import caching_support, default_caching
 
         self.parts, self.block_size, self.num_blocks = parts, block_size, num_blocks
         self.max_model_len = num_blocks * block_size
@@ -136,7 +136,7 @@ class NanoEngineDriver:
         # The cache level's driver, as the observer of the scheduler's own manager.
         self.view = NanoDriver(parts.manager_cls, parts.seq_cls, detect_nano_api(parts.manager_cls),
                                Config(level="cache", num_blocks=num_blocks, block_size=block_size,
-                                      caching=support != "off"), caching_support=support)
+                                      caching=default_caching(support) != "off"), caching_support=support)
         self.view.mgr = mgr
         if self.view.bs != block_size or getattr(mgr, "block_size", block_size) != block_size:
             raise TargetError(f"target {parts.name}: its BlockManager keeps block size "

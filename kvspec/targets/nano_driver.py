@@ -30,17 +30,19 @@ BLOCK_FIELDS = ("ref_count", "hash", "token_ids")
 
 
 def has_index(mgr: Any, names: Optional[Names] = None) -> bool:
-    """Whether the manager may cache prefixes: it has the observation hook, an index, or
-    blocks with a hash. Only a manager with none of them is taken as not caching (one
-    with hashed blocks but no index kvspec can find is refused by ``missing_internals``,
-    never silently checked with caching off)."""
+    """Whether the manager may cache prefixes: it has an index, or blocks with a hash. Only
+    a manager with neither is taken as not caching (one with hashed blocks but no index
+    kvspec can find is refused by ``missing_internals``, never silently checked with
+    caching off). An observation hook alone says nothing either way: such a manager
+    caches where its declaration says so (``nanovllm_target.caching_support``)."""
     names = names or Names()
-    if callable(getattr(mgr, OBSERVE_HOOK, None)) or names.has(mgr, "hash_to_block_id"):
+    if names.has(mgr, "hash_to_block_id"):
         return True
     try:
         first = names.get(mgr, "blocks")[0]
     except (AttributeError, TypeError, IndexError, KeyError):
-        return True  # missing_internals names what is wrong
+        # missing_internals names what is wrong; behind a hook, the blocks are its own business
+        return not callable(getattr(mgr, OBSERVE_HOOK, None))
     return names.has(first, "hash")
 
 
