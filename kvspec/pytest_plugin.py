@@ -277,6 +277,9 @@ def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: Run
                  + ("" if minimal is None else f" (minimal: {str(minimal).lower()})") + ":")
     lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(steps)]
     lines.append(f"  repro: {repro}" if repro else f"  repro: {repro_note}")
+    if repro:
+        from kvspec.report.text import replay_command
+        lines.append(f"  replay: {replay_command(repro)}")
     return KvspecFailure("\n".join(lines), invariant, repro, len(steps))
 
 

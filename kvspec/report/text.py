@@ -1,7 +1,14 @@
 """Human-readable terminal summaries."""
 from __future__ import annotations
 
+import shlex
+
 from kvspec.spec.invariants import title
+
+
+def replay_command(repro: str) -> str:
+    """The command that replays a repro file, exactly as it can be pasted."""
+    return f"python -m pytest {shlex.quote(str(repro))}"
 
 
 def check_text(report) -> str:
@@ -23,9 +30,13 @@ def check_text(report) -> str:
         lines.append(f"  {v.message}")
         lines.append(f"  state: {v.excerpt}")
         lines.append(f"  {len(f.steps)} steps (Hypothesis shrank to {f.shrunk_steps})"
-                     + ("" if f.minimal is None else f", minimal: {str(f.minimal).lower()}") + ":")
+                     + (", minimal: not proven (the repro says why)" if f.minimal is None
+                        else f", minimal: {str(f.minimal).lower()}") + ":")
         lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
         lines.append(f"  repro: {f.repro or 'not written (see the warning above)'}")
+        if f.repro:  # pasted as printed, from this directory
+            lines.append(f"  replay: {replay_command(f.repro)}"
+                         + (f"   (unpatched: KVSPEC_PATCH=none {replay_command(f.repro)})" if report.patch else ""))
         lines += hints.finding_lines(f)
         said = getattr(v, "target_output", "")
         if said:  # what the target printed while the finding's session ran (kept out of kvspec's own output)
