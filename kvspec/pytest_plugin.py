@@ -25,9 +25,14 @@ the repro's path.
 
 Hypothesis settings profiles (registered here and nowhere else)
 --------------------------------------------------------------
-``ci``   derandomized, 100 examples per machine: the same run every time, bounded.
+``ci``   640 examples per machine, deterministic: the batches ``kvspec check --level L
+         --max-examples 640 --seed S`` runs (S: ``--kvspec-seed``), sized to find every
+         safety bug of the impl and vLLM corpora (reports/profiles.md).
 ``dev``  50 random examples per machine, failures kept in the example database.
 ``deep`` 5,000 random examples of up to 120 steps: for nightly jobs.
+
+A count is of examples *run* (those Hypothesis discards part-way included, as
+``kvspec check`` counts them), and a machine stops within one small batch of it.
 
 Chosen by ``--kvspec-profile``, else ``KVSPEC_PROFILE``, else ``HYPOTHESIS_PROFILE``
 when it names one of them (``ci`` or ``kvspec-ci``, ...), else ``ci`` when the ``CI``
@@ -46,7 +51,7 @@ on the machine's speed and load: for CI use example counts.
 profile's settings otherwise), in batches seeded from ``--kvspec-seed``, with no
 deadline, no timed health check and a minimizer bounded by work, not seconds: the
 same commit, target and seed give the same verdict and repro on any machine. The
-``ci`` profile is deterministic too (100 derandomized examples, the same minimizer).
+``ci`` profile is the same mode at its own count.
 ``--kvspec-op-timeout S`` (default 10) turns a target call that does not return into
 a ``NO_HANG`` failure.
 
