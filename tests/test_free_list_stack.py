@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from kvspec.errors import UsageError
-from kvspec.targets.names import Names, free_next_end, read_free_list, read_names
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = (ROOT / "examples" / "my_block_manager.py").read_text()
@@ -58,6 +57,7 @@ def test_free_next_declares_the_end(tmp_path, capsys):
 
 
 def test_free_next_end_rules():
+    from kvspec.targets.names import Names, free_next_end, read_free_list
     assert free_next_end([1, 2], None, "mru") is True
     assert free_next_end([1, 2], None, "lru_tail_first") is False
     from collections import deque
@@ -68,6 +68,8 @@ def test_free_next_end_rules():
 
 
 def test_free_next_must_be_an_end():
+    from kvspec.targets.names import read_names
+
     class M:
         kvspec_names = {"free_next": "middle"}
     with pytest.raises(UsageError, match="free_next must be one of"):
