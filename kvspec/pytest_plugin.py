@@ -279,7 +279,8 @@ def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: Run
         lines.append(f"  state: {v.excerpt}")
     lines.append(f"  {len(steps)} steps on {config.num_blocks} blocks"
                  + (f", block size {config.block_size}" if level == "cache" else "")
-                 + ("" if minimal is None else f" (minimal: {str(minimal).lower()})") + ":")
+                 + (" (minimal: not proven; the repro says why)" if minimal is None
+                    else f" (minimal: {str(minimal).lower()})") + ":")
     lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(steps)]
     lines.append(f"  repro: {repro}" if repro else f"  repro: {repro_note}")
     if repro:
