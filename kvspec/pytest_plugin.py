@@ -25,9 +25,14 @@ the repro's path.
 
 Hypothesis settings profiles (registered here and nowhere else)
 --------------------------------------------------------------
-``ci``   derandomized, 100 examples per machine: the same run every time, bounded.
+``ci``   640 examples per machine, deterministic: the batches ``kvspec check --level L
+         --max-examples 640 --seed S`` runs (S: ``--kvspec-seed``), sized to find every
+         safety bug of the impl and vLLM corpora (reports/profiles.md).
 ``dev``  50 random examples per machine, failures kept in the example database.
 ``deep`` 5,000 random examples of up to 120 steps: for nightly jobs.
+
+A count is of examples *run* (those Hypothesis discards part-way included, as
+``kvspec check`` counts them), and a machine stops within one small batch of it.
 
 Chosen by ``--kvspec-profile``, else ``KVSPEC_PROFILE``, else ``HYPOTHESIS_PROFILE``
 when it names one of them (``ci`` or ``kvspec-ci``, ...), else ``ci`` when the ``CI``
@@ -46,7 +51,7 @@ on the machine's speed and load: for CI use example counts.
 profile's settings otherwise), in batches seeded from ``--kvspec-seed``, with no
 deadline, no timed health check and a minimizer bounded by work, not seconds: the
 same commit, target and seed give the same verdict and repro on any machine. The
-``ci`` profile is deterministic too (100 derandomized examples, the same minimizer).
+``ci`` profile is the same mode at its own count.
 ``--kvspec-op-timeout S`` (default 10) turns a target call that does not return into
 a ``NO_HANG`` failure.
 
@@ -74,6 +79,7 @@ from kvspec.check.profiles import (MINIMIZE_BUDGET, PROFILES, STEPS, _common, _p
                                    choose_profile, profile_settings, register_profiles)
 
 BATCH = 25                 # examples per batch under --kvspec-budget
+RUN_PER_KEPT = 4.0         # first guess of examples run per example Hypothesis keeps (cache level: 67 for 25)
 DEFAULT_REPRO_DIR = os.path.join("reports", "repros")
 
 
@@ -123,31 +129,90 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
                 command: str = "", patch: Optional[str] = None) -> dict:
     """Run kvspec's ``level`` machine against ``target``. Returns counters; raises
     ``KvspecFailure`` (an AssertionError) with the invariant, steps and repro path."""
+    opts = options or _ACTIVE
+    profile = choose_profile(opts.profile)
+    base = profile_settings(profile, opts.database or os.environ.get("KVSPEC_DB"))
+    # What a count counts: examples *run*, each one a machine checked step by step,
+    # those Hypothesis discards half-way (no rule applies, a filtered draw) included,
+    # as ``kvspec check`` counts them. Hypothesis's own ``max_examples`` counts only the
+    # examples it keeps (25 kept ran 30 at the pool level, 67 at the cache level), so
+    # one run of it with 100 ran about 250. The count is met in batches instead, and
+    # the run stops at the first batch that reaches it: at most one batch over.
+    wanted = opts.max_examples if opts.max_examples is not None else (
+        None if opts.budget is not None else base.max_examples)
+    from kvspec.check import coverage
+    coverage.reset()
+    start = time.monotonic()
+    found: Optional[Any] = None
+    if wanted is not None and (opts.max_examples is not None or base.derandomize):
+        # Deterministic (ci, --kvspec-max-examples): kvspec check's own search at one level,
+        # so this machine runs exactly what ``kvspec check --level LEVEL --max-examples N
+        # --seed S`` runs (same batches, same examples, same finding).
+        from kvspec.check.search import LevelSearch
+        search = LevelSearch(target, level, misuse=False, seed=opts.seed, kv_groups=opts.kv_groups)
+        machine = search.machine
+        while found is None and machine.counters["examples"] < wanted:
+            found = search.run_batch(min(BATCH, wanted - machine.counters["examples"]))
+    else:
+        machine = _plain_machine(target, level, opts)
+        found = _run_random(machine, base, spec, target, level, opts, wanted, start)
+    counters = dict(machine.counters, seconds=round(time.monotonic() - start, 3), profile=profile,
+                    stop=f"--kvspec-max-examples {wanted}" if opts.max_examples is not None else
+                    f"budget {opts.budget:g}s" if opts.budget is not None else f"{wanted} examples")
+    cov = coverage.snapshot([level])  # what this machine drew and called
+    counters["coverage"] = {"levels": cov, "notes": [] if found is not None else coverage.uncalled_notes(
+        target, _patch_text(patch), cov)}
+    if found is not None:
+        failure = _failure(target, spec, level, found, profile, opts, command, patch)
+        failure.counters = counters
+        raise failure
+    return counters
+
+
+def _patch_text(patch: Optional[str]) -> Optional[str]:
+    if not patch:
+        return None
+    try:
+        from kvspec.targets.patched import read_patch
+        return read_patch(patch)
+    except Exception:  # the target loaded with it: a patch that cannot be read again says nothing here
+        return None
+
+
+def _plain_machine(target: Any, level: str, opts: RunOptions) -> Any:
+    from kvspec.stateful import cache_machine, pool_machine
+    if level == "engine":  # the engine's own scheduler drives its KV manager (kvspec.engine)
+        from kvspec.engine.machine import engine_machine
+        return engine_machine(target, kv_groups=opts.kv_groups)
+    return cache_machine(target, kv_groups=opts.kv_groups) if level == "cache" else pool_machine(target)
+
+
+def _run_random(machine: Any, base: Any, spec: str, target: Any, level: str, opts: RunOptions,
+                wanted: Optional[int], start: float) -> Optional[Any]:
+    """The random profiles (dev, deep) and any --kvspec-budget run: batches of Hypothesis
+    examples until ``wanted`` examples have run (counted as ``kvspec check`` counts them)
+    or, with a budget, until the budget is spent. Returns the InvariantViolation found."""
     from hypothesis import seed as hyp_seed, settings
     from hypothesis.errors import Flaky
     from hypothesis.stateful import get_state_machine_test
 
-    from kvspec.stateful import InvariantViolation, cache_machine, pool_machine
+    from kvspec.stateful import InvariantViolation
 
-    opts = options or _ACTIVE
-    profile = choose_profile(opts.profile)
-    base = profile_settings(profile, opts.database or os.environ.get("KVSPEC_DB"))
-    if level == "engine":  # the engine's own scheduler drives its KV manager (kvspec.engine)
-        from kvspec.engine.machine import engine_machine
-        machine = engine_machine(target, kv_groups=opts.kv_groups)
-    else:
-        machine = cache_machine(target, kv_groups=opts.kv_groups) if level == "cache" else pool_machine(target)
-    start = time.monotonic()
-    batch = 0
-    found: Optional[InvariantViolation] = None
-    while found is None:
-        if opts.max_examples is not None:  # deterministic: example counts only, never the clock
-            left = opts.max_examples - machine.counters["examples"]
+    batch, ratio, asked, ran_before = 0, RUN_PER_KEPT, 0, machine.counters["examples"]
+    while True:
+        if asked:  # what the last batch cost per example kept
+            ratio = max(1.0, (machine.counters["examples"] - ran_before) / asked)
+        ran_before, asked = machine.counters["examples"], 0
+        if wanted is not None:  # a profile's count: batches, the last ones shrinking to what is left
+            left = wanted - machine.counters["examples"]
             if left <= 0:
-                break
-            s = settings(base, max_examples=min(BATCH, left), derandomize=False, database=None)
-        elif opts.budget is None:
-            s = base
+                return None
+            # Hypothesis keeps only some of the examples it runs (it discards the rest
+            # part-way): ask for the share of what is left that it kept so far, so the run
+            # ends close to the count (at most the discards of a one-example batch over).
+            ask = max(1, min(BATCH, int(left / ratio)))
+            s = settings(base, max_examples=ask)
+            asked = ask
         elif batch == 0:
             s = settings(base, max_examples=min(BATCH, base.max_examples))
         else:
@@ -157,27 +222,20 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
         # Hypothesis keys its database on the test function's source, which is the same
         # for every state machine: give each (target, level) its own key.
         test._hypothesis_internal_database_key = _db_key(spec, target, level)
-        if opts.max_examples is not None or (batch and base.derandomize):  # reproducible batch after batch
+        if wanted is None and batch and base.derandomize:  # ci under a budget: reproducible batch after batch
             hyp_seed(opts.seed * 100_003 + batch)(test)
         batch += 1
         try:
             test()
         except InvariantViolation as e:
-            found = e
+            return e
         except Flaky as e:  # a failure that does not replay is still a finding
             found = next((x for x in getattr(e, "exceptions", []) if isinstance(x, InvariantViolation)), None)
             if found is None:
                 raise
-        if opts.max_examples is not None:
-            continue
-        if opts.budget is None or time.monotonic() - start >= opts.budget:
-            break
-    counters = dict(machine.counters, seconds=round(time.monotonic() - start, 3), profile=profile)
-    if found is not None:
-        failure = _failure(target, spec, level, found, profile, opts, command, patch)
-        failure.counters = counters
-        raise failure
-    return counters
+            return found
+        if wanted is None and time.monotonic() - start >= (opts.budget or 0):
+            return None
 
 
 def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: RunOptions, command: str,
@@ -221,9 +279,13 @@ def _failure(target: Any, spec: str, level: str, e: Any, profile: str, opts: Run
         lines.append(f"  state: {v.excerpt}")
     lines.append(f"  {len(steps)} steps on {config.num_blocks} blocks"
                  + (f", block size {config.block_size}" if level == "cache" else "")
-                 + ("" if minimal is None else f" (minimal: {str(minimal).lower()})") + ":")
+                 + (" (minimal: not proven; the repro says why)" if minimal is None
+                    else f" (minimal: {str(minimal).lower()})") + ":")
     lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(steps)]
     lines.append(f"  repro: {repro}" if repro else f"  repro: {repro_note}")
+    if repro:
+        from kvspec.report.text import replay_command
+        lines.append(f"  replay: {replay_command(repro)}")
     return KvspecFailure("\n".join(lines), invariant, repro, len(steps))
 
 
@@ -360,11 +422,16 @@ def pytest_runtest_logreport(report) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _RAN:
         return
+    from kvspec.check.coverage import coverage_lines
     terminalreporter.section("kvspec")
     for nodeid, outcome, c in _RAN:
         terminalreporter.write_line(
             f"{nodeid}: {c.get('examples', 0)} examples, {c.get('steps', 0)} steps in {c.get('seconds', 0):.1f}s "
-            f"(profile {c.get('profile', '?')}): {outcome}")
+            f"(profile {c.get('profile', '?')}, stop: {c.get('stop', '?')}): {outcome}")
+        cov = c.get("coverage")
+        if cov:  # what the verdict covered, and a changed method this level never called
+            for line in coverage_lines(cov["levels"], cov["notes"]):
+                terminalreporter.write_line(line)
 
 
 class KvspecTargetCollector(pytest.Collector):

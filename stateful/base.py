@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from kvspec.spec.config import Config
 from kvspec.spec.misuse import documented_errors
 from kvspec.spec.ops import Op
+from kvspec.check.coverage import note_op
 from kvspec.check.session import Session
 from kvspec.targets.base import Target
 from kvspec.spec.violation import Violation, signature
@@ -110,6 +111,7 @@ class KVMachine(RuleBasedStateMachine):
         if type(op).__name__ in getattr(s.traits, "unsupported_ops", ()):
             return  # the target has no API for it (Traits.unsupported_ops)
         type(self).counters["steps"] += 1
+        note_op(op)  # what the run drew (kvspec.check.coverage)
         misuse = s.misuse_reason(op)
         found = s.apply(op)
         if not found:

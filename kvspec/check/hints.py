@@ -124,6 +124,14 @@ def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str,
 
     for f in report.violations:
         label(target, f)
+    # the values each hinted policy is known to fail under: the declared one, then each
+    # value assumed in turn once a finding shows under it. A later hint back to one of
+    # them would contradict an earlier hint of the same run: it is dropped (one run's
+    # hints never say "declare k = true" and then "declare k = false").
+    failed_under: dict[str, set] = {}
+    for f in report.violations:
+        for h in f.hints:
+            failed_under.setdefault(h.key, set()).add(policy_value(target.traits, h.key))
     last, assumed, spent, tried = report, {}, report, set()
     for _ in range(MAX_ROUNDS):
         # the hints not assumed before (two values may explain one finding: each gets its turn),
@@ -149,9 +157,27 @@ def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str,
                               error=f"{type(e).__name__}: {e}")
         for x in sub.violations:
             label(hinted, x)
+            for k, v in assumed.items():  # it failed under every value assumed
+                failed_under.setdefault(k, set()).add(v)
+        drop_contradictions(sub.violations, failed_under)
         disprove(last, h, sub)
         report.assuming.append(Assumption(dict(assumed), sub))
         last = spent = sub
+
+
+def drop_contradictions(findings: list, failed_under: dict[str, set]) -> None:
+    """Drop each hint that names a value an earlier finding of the run failed under; a
+    finding left with none is a bug: no one value of that policy explains both."""
+    for f in findings:
+        kept = [h for h in f.hints if h.value not in failed_under.get(h.key, ())]
+        if len(kept) == len(f.hints):
+            continue
+        dropped = [h for h in f.hints if h not in kept]
+        f.hints = kept
+        if not kept:
+            f.label = "bug"
+            f.disproved = (f"`{dropped[0].declare}` passes this repro, but an earlier finding of this run fails "
+                           f"under {dropped[0].key} = {toml(dropped[0].value)}: no one {dropped[0].key} explains both")
 
 
 def disprove(previous: Any, hint: Hint, sub: Any) -> None:

@@ -56,11 +56,54 @@ def ran_in(repro_dir: Path) -> tuple[Optional[str], str]:
     return rel, str(here)
 
 
+# Written beside the repros: a plain ``pytest`` of the project skips them (a finding is
+# not a test of the project's own), and naming a file or this directory runs them.
+CONFTEST = '''"""Written by kvspec. The repro files here run only when named, e.g.
+``python -m pytest reports/repros/test_x.py`` or ``python -m pytest reports/repros``;
+a plain ``pytest`` of the project does not collect them. Delete this file to collect them always."""
+from pathlib import Path
+
+
+def pytest_ignore_collect(collection_path, config):
+    here = Path(__file__).resolve().parent
+    path = Path(collection_path).resolve()
+    if path.parent != here or not path.name.startswith("test_") or path.suffix != ".py":
+        return None
+    named = {Path(str(a).split("::")[0]).resolve() for a in config.args}
+    return None if (path in named or here in named) else True
+'''
+
+
+def keep_out_of_collection(directory: Path) -> None:
+    """Write ``CONFTEST`` into a repro directory that has no conftest.py (never replaced:
+    one of the user's own is left alone)."""
+    conftest = directory / "conftest.py"
+    if not conftest.exists():
+        try:
+            conftest.write_text(CONFTEST)
+        except OSError:  # the repro itself is what matters; its write reports the problem
+            pass
+
+
+def minimal_note(minimal: Optional[bool], level: str, kind: str = "violation", invariant: str = "") -> str:
+    """Whether the steps are proven minimal, and why (not): every repro says which."""
+    if minimal:
+        return "minimal: true (a breadth-first search over every shorter sequence found none that fails)"
+    why = ("at the engine level the engine decides what each event does, and the search that proves a "
+           "length minimal enumerates pool and cache operations only" if level == "engine" else
+           "misuse operations are outside the search that proves a length minimal" if kind != "violation" else
+           "a hang is cut down by ddmin alone: every try costs the op timeout" if invariant == "NO_HANG" else
+           "the search that proves a length minimal stopped at its bound before it could, or the "
+           "finding did not replay on its own")
+    return f"minimal: not proven ({why}; ddmin cut it down)"
+
+
 def write_repro(directory: str | Path, target_spec: str, target: Target, config: Config, steps: Sequence[Op],
                 invariant: str, message: str, *, patch_text: Optional[str] = None, patch_name: Optional[str] = None,
                 command: str = "", minimal: Optional[bool] = None, kind: str = "violation") -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    keep_out_of_collection(directory)
     digest = hashlib.sha1(repr((target_spec, patch_text, config, list(steps))).encode()).hexdigest()[:8]
     safe = re.sub(r"[^A-Za-z0-9]+", "_", target_spec).strip("_").lower()
     path = directory / f"test_{safe}_{invariant.lower()}_{digest}.py"
@@ -76,7 +119,7 @@ def write_repro(directory: str | Path, target_spec: str, target: Target, config:
     w("")
     if command:
         w(f"Found by: {command}")
-    w(f"{len(steps)} steps" + ("" if minimal is None else f", minimal: {str(minimal).lower()}")
+    w(f"{len(steps)} steps, {minimal_note(minimal, config.level, kind, invariant)}"
       + (f"; {kind} finding" if kind != "violation" else "") + ".")
     w("Replays the steps on a fresh allocator and checks every invariant after each one.")
     from kvspec.targets.policies import declaration_of

@@ -57,6 +57,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
+from kvspec.check import coverage
 from kvspec.spec.config import Config
 from kvspec.spec.fast_check import FastStep, RequestsView, fast_check
 from kvspec.spec.invariants import StepContext, check_step
@@ -206,7 +207,9 @@ class Session:
         # no arguments: kvspec.mc.fork builds a bare Session to fill from a saved state
         if config is not None and config.level == "engine":  # the engine level's session (kvspec.engine.session)
             from kvspec.engine.session import EngineSession
-            return EngineSession(target, config, incremental, cache_session=cls)
+            engine = EngineSession(target, config, incremental, cache_session=cls)
+            coverage.instrument(engine.engine, "engine")  # what the run called (kvspec.check.coverage)
+            return engine
         return super().__new__(cls)
 
     def __init__(self, target: Target, config: Config, incremental: Optional[bool] = None) -> None:
@@ -225,6 +228,7 @@ class Session:
         limit = self._limit()
         try:  # a target that cannot even be built or read in time is a broken target (exit 2), not a finding
             self.driver = self._call(limit, target.driver, config)
+            coverage.instrument(self.driver, config.level)  # what the run called (kvspec.check.coverage)
             first_obs = self._call(limit, self.driver.observe)
         except OpTimeout as t:
             raise TargetError(f"target {target.name}: building or observing it did not return within "

@@ -76,7 +76,7 @@ class NanoEngineDriver:
                  max_num_batched_tokens: Optional[int] = None, names: Any = None) -> None:
         from kvspec.targets.nano_api import BOOLEAN, detect_nano_api
         from kvspec.targets.nano_driver import NanoDriver
-        from kvspec.targets.nanovllm_target import caching_support
+        from kvspec.targets.nanovllm_target import caching_support, default_caching
 
         self.parts, self.block_size, self.num_blocks = parts, block_size, num_blocks
         self.names = names if names is not None else _names_of(parts)
@@ -111,7 +111,7 @@ class NanoEngineDriver:
             # The cache level's driver, as the observer of the scheduler's own manager.
             self.view = NanoDriver(parts.manager_cls, parts.seq_cls, api,
                                    Config(level="cache", num_blocks=num_blocks, block_size=block_size,
-                                          caching=support != "off"), names=self._observer_names(),
+                                          caching=default_caching(support) != "off"), names=self._observer_names(),
                                    caching_support=support)
         except (TargetError, UsageError) as e:  # one format at every level: the target's name first
             msg = str(e)

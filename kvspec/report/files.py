@@ -37,6 +37,8 @@ def write_check_reports(report, directory: str, target: Any = None) -> list[Path
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     data = report.to_dict()
+    if getattr(report, "coverage", None):  # what the verdict covered (kvspec.check.coverage)
+        data["coverage"] = report.coverage
     paths = [d / JSON_NAME, d / MD_NAME, d / JUNIT_NAME]
     write_atomic(paths[0], json.dumps(data, indent=1, default=str) + "\n")
     views = [step_view(_target(report, target), f) for f in report.violations + report.robustness]
@@ -213,7 +215,7 @@ def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Pa
     out += _table(["", ""], [
         ["target", report.target], ["patch", report.patch or "-"],
         ["declaration", getattr(report, "declaration", "") or "-"], ["levels", ", ".join(report.levels)],
-        ["misuse ops", "on" if report.misuse else "off"], ["seed", report.seed], ["budget", f"{report.budget:g} s"],
+        ["misuse ops", "on" if report.misuse else "off"], ["seed", report.seed], ["stop rule", stop_rule(report)],
         ["examples", report.examples], ["steps", report.steps], ["seconds", f"{report.seconds:.2f}"],
         ["steps / second", d["steps_per_second"] if d["steps_per_second"] is not None else "-"],
     ])
@@ -233,12 +235,33 @@ def check_markdown(report, views: Sequence[Optional[dict]] = (), base: Path = Pa
             out += _finding_md(j + 1, f, views[len(report.violations) + j], base)
     from kvspec.check.hints import assuming_markdown
     out += assuming_markdown(report)
+    out += _coverage_md(report)
     out += ["## Invariants checked", "",
             "Every invariant is checked after every step of every example (after a violation the search goes on "
             f"with its signature excluded, up to {getattr(report, 'max_findings', 1)} distinct finding(s)).", ""]
     out += _table(["id", "what must hold", "result"], [
         [title(inv), text, _result(report, inv)] for inv, text in CATALOGUE.items()])
     return "\n".join(out) + "\n"
+
+
+def stop_rule(report) -> str:
+    """How the search was told to stop: the one rule the run used."""
+    if getattr(report, "max_examples", None) is not None:
+        return f"--max-examples {report.max_examples} (deterministic: example counts, never the clock)"
+    return f"--budget {report.budget:g} s (time: the count depends on the machine)"
+
+
+def _coverage_md(report) -> list[str]:
+    cov = getattr(report, "coverage", None)
+    if not cov:
+        return []
+    out = ["## What this run covered", ""]
+    out += [f"**Note:** {n}." for n in cov["notes"]] + ([""] if cov["notes"] else [])
+    out += _table(["level", "operations drawn", "never drawn", "target methods never called"], [
+        [lv, ", ".join(f"{k} ({n})" for k, n in c["ops_drawn"].items()) or "none",
+         ", ".join(c["ops_never_drawn"]) or "none", ", ".join(c["methods_never_called"]) or "none"]
+        for lv, c in cov["levels"].items()])
+    return out + [""]
 
 
 def _result(report, inv: str) -> str:
@@ -322,6 +345,14 @@ def check_junit(report) -> bytes:
             ET.SubElement(props, "property", name="policy_hint", value=f"{title(f.invariant)}: {h.text}")
     for a in getattr(report, "assuming", ()):
         ET.SubElement(props, "property", name="assuming", value=a.heading)
+    ET.SubElement(props, "property", name="stop_rule", value=stop_rule(report))
+    cov = getattr(report, "coverage", None) or {}
+    for lv, c in cov.get("levels", {}).items():
+        ET.SubElement(props, "property", name=f"{lv}_ops_drawn", value=", ".join(c["ops_drawn"]))
+        ET.SubElement(props, "property", name=f"{lv}_ops_never_drawn", value=", ".join(c["ops_never_drawn"]))
+        ET.SubElement(props, "property", name=f"{lv}_methods_never_called", value=", ".join(c["methods_never_called"]))
+    for n in cov.get("notes", ()):
+        ET.SubElement(props, "property", name="coverage_note", value=n)
     seen: dict[tuple, int] = {}
     for level, inv, f in [(lv, i, viol.get((lv, i))) for lv, i in cases] + [(g.level, g.invariant, g) for g in extra]:
         k = seen[(level, inv)] = seen.get((level, inv), 0) + 1

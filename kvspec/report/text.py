@@ -1,7 +1,14 @@
 """Human-readable terminal summaries."""
 from __future__ import annotations
 
+import shlex
+
 from kvspec.spec.invariants import title
+
+
+def replay_command(repro: str) -> str:
+    """The command that replays a repro file, exactly as it can be pasted."""
+    return f"python -m pytest {shlex.quote(str(repro))}"
 
 
 def check_text(report) -> str:
@@ -29,9 +36,13 @@ def check_text(report) -> str:
             from kvspec.spec.violation import signature_text
             lines.append(f"  signature: {signature_text(f.signature)}")
         lines.append(f"  {len(f.steps)} steps (Hypothesis shrank to {f.shrunk_steps})"
-                     + ("" if f.minimal is None else f", minimal: {str(f.minimal).lower()}") + ":")
+                     + (", minimal: not proven (the repro says why)" if f.minimal is None
+                        else f", minimal: {str(f.minimal).lower()}") + ":")
         lines += [f"    {i + 1}. {op!r}" for i, op in enumerate(f.steps)]
         lines.append(f"  repro: {f.repro or 'not written (see the warning above)'}")
+        if f.repro:  # pasted as printed, from this directory
+            lines.append(f"  replay: {replay_command(f.repro)}"
+                         + (f"   (unpatched: KVSPEC_PATCH=none {replay_command(f.repro)})" if report.patch else ""))
         lines += hints.finding_lines(f)
         said = getattr(v, "target_output", "")
         if said:  # what the target printed while the finding's session ran (kept out of kvspec's own output)
@@ -41,5 +52,9 @@ def check_text(report) -> str:
         v = f.violations[0]
         lines.append(f"robustness: {v.invariant}: {v.message} ({len(f.steps)} steps; repro: {f.repro})")
     lines += hints.assuming_lines(report)
+    cov = getattr(report, "coverage", None)
+    if cov:  # what the verdict covered, and a changed method the run never called
+        from kvspec.check.coverage import coverage_lines
+        lines += coverage_lines(cov["levels"], cov["notes"])
     lines.append(f"verdict: {report.verdict}")
     return "\n".join(lines)

@@ -11,6 +11,8 @@ reader finds every check.
 """
 from __future__ import annotations
 
+import os
+
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
@@ -120,13 +122,33 @@ def _valid(ctx: StepContext) -> bool:
     return ctx.misuse is None and ctx.error is None
 
 
+_KVSPEC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kvspec's own package
+_IMPL_DIR = os.path.join(_KVSPEC_DIR, "impl")  # the bundled allocator: code under test, not kvspec's
+
+
+def user_frames(e: BaseException, limit: int = 3) -> str:
+    """Where the target raised: the last ``limit`` frames of the traceback that are not
+    kvspec's own (its drivers, session and watchdog), innermost first, as ``file:line in
+    function``; "" when none is left."""
+    import traceback
+
+    def ours(path: str) -> bool:
+        p = os.path.abspath(path)
+        return p.startswith(_KVSPEC_DIR + os.sep) and not p.startswith(_IMPL_DIR + os.sep)
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not ours(f.filename)][-limit:]
+    return ", called from ".join(f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames))
+
+
 @check
 def no_crash(ctx: StepContext) -> list[Violation]:
     if ctx.misuse is None and ctx.error is not None:
         e = ctx.error
-        # where it was raised, and the caller that passed a value its callee rejects (kvspec.spec.blame)
+        # where it was raised, and the caller that passed a value its callee rejects (kvspec.spec.blame);
+        # then the user's own frames of the traceback
         words, where, caller = crash_words(e, tuple(getattr(ctx.traits, "misuse_errors", ()) or ()))
-        v = ctx.v("NO_CRASH", f"{ctx.op!r} is valid here but the target raised {type(e).__name__}: {e}{words}")
+        frames = user_frames(e)
+        v = ctx.v("NO_CRASH", f"{ctx.op!r} is valid here but the target raised {type(e).__name__}: {e}{words}"
+                  + (f" (at {frames})" if frames else ""))
         return [replace(v, where=where, caller=caller)]
     return []
 

@@ -200,6 +200,9 @@ def nano_styles() -> tuple[Style, ...]:
     ) + (() if nm is None else (
         "names: other method or field names are declared as [tool.kvspec.names] in pyproject.toml or a "
         "kvspec_names class attribute, kvspec name -> yours; kvspec's names: " + " ".join(nm.VOCABULARY),
+        f"free list order: the start of free_block_ids is reused next, except a plain list under "
+        f"free_order = \"mru\" (read as a stack, popped from the end); say which end where that is wrong: "
+        f"{getattr(nm, 'FREE_NEXT', 'free_next')} = \"end\" or \"start\" in [tool.kvspec.names]",
         f"observation hook: {nm.OBSERVE_HOOK}(self) -> dict with blocks [(ref_count, hash_or_None, token_ids)] "
         "in id order, free [ids, next reused first], index {hash: block_id or [ids]}; replaces reading the internals",
         "protocol: extra scheduler calls, [tool.kvspec.protocol] or kvspec_protocol, hook point -> method(seq); "

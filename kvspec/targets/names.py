@@ -45,7 +45,10 @@ leading underscore), or else the one set-valued attribute whose name contains "f
 queue is then the deque's entries that are in the set, each block at its first
 occurrence (where a lazy pop would find it), and a block in the set that the deque never
 yields is reported as a free-list problem. A bare set of free ids has no order: kvspec
-refuses it and asks for the hook.
+refuses it and asks for the hook. Which end is reused next: the start, except for a plain
+``list`` under ``free_order = "mru"``, which is read as a stack (popped from the end);
+where the structure cannot say, the name map can: ``free_next = "end"`` (or ``"start"``)
+in ``[tool.kvspec.names]`` or ``kvspec_names``.
 
 Extra protocol calls. A scheduler that calls more than the nano-vllm protocol declares
 those calls, ``[tool.kvspec.protocol]`` or a ``kvspec_protocol`` class attribute, mapping
@@ -77,6 +80,8 @@ MANAGER_FIELDS = ("blocks", "free_block_ids", "used_block_ids", "hash_to_block_i
 BLOCK_FIELDS = ("ref_count", "hash", "token_ids")
 SEQUENCE_NAMES = ("append_token", "block_table", "num_cached_tokens", "num_scheduled_tokens")
 VOCABULARY = MANAGER_METHODS + MANAGER_FIELDS + BLOCK_FIELDS + SEQUENCE_NAMES
+FREE_NEXT = "free_next"      # [tool.kvspec.names] free_next = "start" | "end": the free list's end reused next
+FREE_ENDS = ("start", "end")
 
 # Obvious aliases beyond the leading underscore, tried only where the kvspec name is absent.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -132,6 +137,11 @@ def read_names(cls: type, source: Optional[Path] = None) -> tuple[dict[str, str]
     decl, where = _declared(cls, "kvspec_names", source, "names")
     out: dict[str, str] = {}
     for key, value in decl.items():
+        if key == FREE_NEXT:  # not a name: which end of the free list is reused next
+            if value not in FREE_ENDS:
+                raise UsageError(f"{where}: {FREE_NEXT} must be one of {', '.join(map(repr, FREE_ENDS))}, not {value!r}")
+            out[key] = value
+            continue
         name = key.split(".", 1)[1] if key.startswith(("Block.", "Sequence.")) else key
         if name not in VOCABULARY:
             raise UsageError(f"{where}: unknown name {key!r} (known: {', '.join(VOCABULARY)})")
@@ -247,13 +257,28 @@ def companion_set(owner: Any, free_attr: str, names: Optional[Names] = None) -> 
     return sets[0] if len(sets) == 1 else None
 
 
-def read_free_list(free: Any, truth: Optional[set] = None, key=None) -> tuple[list, list[str]]:
+def free_next_end(free: Any, names: Optional["Names"] = None, free_order: str = "") -> bool:
+    """Whether the *end* of ``free`` is the next block reused. Declared (``free_next`` in the
+    name map), else read from the structure and the declared order: a plain ``list`` with
+    ``free_order = "mru"`` is a stack (freed blocks appended, the next popped from the end);
+    a deque, a dict and any other declared order are read from the start."""
+    declared = (names.declared.get(FREE_NEXT) if names is not None else None)
+    if declared is not None:
+        return declared == "end"
+    return type(free) is list and free_order == "mru"
+
+
+def read_free_list(free: Any, truth: Optional[set] = None, key=None,
+                   next_end: bool = False) -> tuple[list, list[str]]:
     """(the free queue in eviction order, problems) from a deque/list, an (Ordered)dict of
-    ids, or a lazily cleaned deque with ``truth``. ``key`` maps an entry to its id."""
+    ids, or a lazily cleaned deque with ``truth``. ``key`` maps an entry to its id.
+    ``next_end``: the end of the structure is reused next (a stack; ``free_next_end``)."""
     if isinstance(free, (set, frozenset)):
         raise TypeError("the free list is a set, which has no eviction order: define kvspec_observe "
                         "(kvspec.targets.names) to give the order")
     entries = list(free.keys()) if isinstance(free, Mapping) else list(free)
+    if next_end:
+        entries.reverse()
     if key is not None:
         entries = [key(e) for e in entries]
     if truth is None:
@@ -269,5 +294,5 @@ def read_free_list(free: Any, truth: Optional[set] = None, key=None) -> tuple[li
     return queue, problems
 
 
-__all__ = ["Names", "load_names", "read_names", "read_protocol", "read_free_list", "companion_set",
+__all__ = ["Names", "load_names", "read_names", "read_protocol", "read_free_list", "free_next_end", "companion_set",
            "VOCABULARY", "HOOK_POINTS", "OBSERVE_HOOK"]

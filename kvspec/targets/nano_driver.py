@@ -16,7 +16,7 @@ from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
 from kvspec.targets.base import Driver, TargetError
-from kvspec.targets.names import OBSERVE_HOOK, Names, companion_set, read_free_list
+from kvspec.targets.names import OBSERVE_HOOK, Names, companion_set, free_next_end, read_free_list
 from kvspec.targets.nano_sequence import sequence_factory
 
 BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
@@ -30,17 +30,19 @@ BLOCK_FIELDS = ("ref_count", "hash", "token_ids")
 
 
 def has_index(mgr: Any, names: Optional[Names] = None) -> bool:
-    """Whether the manager may cache prefixes: it has the observation hook, an index, or
-    blocks with a hash. Only a manager with none of them is taken as not caching (one
-    with hashed blocks but no index kvspec can find is refused by ``missing_internals``,
-    never silently checked with caching off)."""
+    """Whether the manager may cache prefixes: it has an index, or blocks with a hash. Only
+    a manager with neither is taken as not caching (one with hashed blocks but no index
+    kvspec can find is refused by ``missing_internals``, never silently checked with
+    caching off). An observation hook alone says nothing either way: such a manager
+    caches where its declaration says so (``nanovllm_target.caching_support``)."""
     names = names or Names()
-    if callable(getattr(mgr, OBSERVE_HOOK, None)) or names.has(mgr, "hash_to_block_id"):
+    if names.has(mgr, "hash_to_block_id"):
         return True
     try:
         first = names.get(mgr, "blocks")[0]
     except (AttributeError, TypeError, IndexError, KeyError):
-        return True  # missing_internals names what is wrong
+        # missing_internals names what is wrong; behind a hook, the blocks are its own business
+        return not callable(getattr(mgr, OBSERVE_HOOK, None))
     return names.has(first, "hash")
 
 
@@ -66,6 +68,8 @@ class NanoDriver(Driver):
 
     ``make(num_blocks, block_size)`` builds the manager: the class itself, or a user's
     factory with the same convention."""
+
+    free_order = ""  # the declared free order (set by the target): a list under "mru" is a stack
 
     def __init__(self, manager_cls: type, seq_cls: type, api: str, config: Config,
                  make: Optional[Callable[..., Any]] = None, names: Optional[Names] = None,
@@ -364,7 +368,8 @@ class NanoDriver(Driver):
         m = self.mgr
         attr = self.names.resolve(m, "free_block_ids")
         free = getattr(m, attr)
-        queue, problems = read_free_list(free, companion_set(m, attr, self.names))
+        queue, problems = read_free_list(free, companion_set(m, attr, self.names),
+                                         next_end=free_next_end(free, self.names, self.free_order))
         if self.tiers:  # the manager's other free pools, reused after its free list (nano_api.free_tiers)
             n = len(self.names.get(m, "blocks"))
             for tier in self.tiers:

@@ -83,7 +83,7 @@ from typing import Any, Callable, Optional
 from kvspec.errors import UsageError
 from kvspec.spec.config import Config
 from kvspec.targets.base import Driver, Target, TargetError, Traits
-from kvspec.targets.names import Names, load_names, read_protocol
+from kvspec.targets.names import OBSERVE_HOOK, Names, load_names, read_protocol
 from kvspec.targets.nano_loader import load_nano
 
 BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
@@ -103,15 +103,26 @@ def nano_defaults(api: str, caching: str = "on") -> dict[str, Any]:
 
 def caching_support(manager_cls: type, seq_cls: Optional[type] = None, make: Optional[Callable[..., Any]] = None,
                     names: Optional[Names] = None) -> str:
-    """"off" (no prefix index), "both" (an index and a constructor switch) or "on"."""
+    """"off" (no prefix index), "both" (an index and a constructor switch), "on", or
+    ``DECLARED`` (an observation hook and no index kvspec can see: caching as declared,
+    off by default: a hook does not imply a cache)."""
     switch = caching_switch(make if make is not None else manager_cls)
     try:
         probe = build_manager(manager_cls, make, 4, 2, True, seq_cls)
     except Exception:
         return "both" if switch else "on"  # the load's own checks say what is wrong
     if not has_index(probe, names):
-        return "off"
+        # an observation hook reports what the manager has: it caches only where declared
+        return DECLARED if callable(getattr(probe, OBSERVE_HOOK, None)) else "off"
     return "both" if switch else "on"
+
+
+DECLARED = "declared"  # caching_support of a manager with a hook and no index: as declared, else off
+
+
+def default_caching(supported: str) -> str:
+    """The prefix-caching mode where nothing is declared, from ``caching_support``."""
+    return "off" if supported == DECLARED else supported
 
 
 def nano_traits(manager_cls: type, seq_cls: type, api: str, make: Optional[Callable[..., Any]] = None,
@@ -131,8 +142,8 @@ def nano_traits(manager_cls: type, seq_cls: type, api: str, make: Optional[Calla
     counting and eviction on free are policies a package declares; they are never probed."""
     fixed: dict[str, Any] = dict(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
                                  documented_noops=frozenset({"free_unknown_request"}), index_latest_wins=True,
-                                 min_block_size=2, prefix_caching=caching_support(
-                                     manager_cls, seq_cls, make, load_names(manager_cls, _source_file(manager_cls))))
+                                 min_block_size=2, prefix_caching=default_caching(caching_support(
+                                     manager_cls, seq_cls, make, load_names(manager_cls, _source_file(manager_cls)))))
     return Traits(**{**fixed, **policies})
 
 
@@ -140,7 +151,7 @@ def check_nano_policies(traits: Traits, where: str, supported: str = "on") -> Tr
     """The declared policies the nano-vllm API can be checked under, else UsageError."""
     if traits.null_block:
         raise UsageError(f"{where}: a nano-vllm BlockManager has no null block: declare null_block = \"none\"")
-    ok = {"on": ("on",), "off": ("off",), "both": ("on", "off", "both")}[supported]
+    ok = {"on": ("on",), "off": ("off",), "both": ("on", "off", "both"), DECLARED: ("on", "off", "both")}[supported]
     if traits.prefix_caching not in ok:
         what = {"on": "always caches prefixes", "off": "has no prefix index (hash_to_block_id, Block.hash)",
                 "both": ""}[supported]
@@ -155,7 +166,7 @@ def declared_nano_traits(manager_cls: type, seq_cls: type, api: str, name: str, 
     from kvspec.targets.policies import declared_traits
     names = load_names(manager_cls, source)
     supported = caching_support(manager_cls, seq_cls, make, names)
-    defaults = nano_defaults(api, supported)
+    defaults = nano_defaults(api, default_caching(supported))
     if defaults_name == "vLLM's":
         defaults["admit_all_blocks"] = False  # a user class: vLLM's admission
     t = declared_traits(nano_traits(manager_cls, seq_cls, api, make), cls=manager_cls, source=source, name=name,
@@ -198,8 +209,10 @@ class NanoTarget(Target):
         return self._driver(config)
 
     def _driver(self, config: Config) -> Driver:
-        return NanoDriver(self.manager_cls, self.seq_cls, self.api, config, self.make, self.names, self.protocol,
-                          self.caching_support)
+        driver = NanoDriver(self.manager_cls, self.seq_cls, self.api, config, self.make, self.names, self.protocol,
+                            self.caching_support)
+        driver.free_order = self.traits.free_order  # how its free list is read (names.free_next_end)
+        return driver
 
     def check_internals(self) -> None:
         """Raise TargetError (one line) unless a manager shows what the observation reads."""
