@@ -106,9 +106,15 @@ class EngineMachine(KVMachine):
         prompt = data.draw(_prompts(self.longest), label="prompt")
         max_tokens = data.draw(self.max_tokens.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
         extra = data.draw(st.sampled_from(self.extras()), label="extra")
+        priority = self.priority(data)
         rid = f"r{len(self.arrived) + 1}"
         self.arrived.append(rid)
-        self.run(Arrive(rid, prompt, max_tokens, extra))
+        self.run(Arrive(rid, prompt, max_tokens, extra, priority))
+
+    def priority(self, data) -> int:
+        """An arrival's priority: 0 here, drawn where the priority policy runs
+        (InputsEngineMachine); nothing is drawn, so this machine's draws stay as they were."""
+        return 0
 
     @rule(token=_TOKEN)
     def step(self, token):
@@ -225,16 +231,8 @@ class InputsEngineMachine(SpecEngineMachine):
             out["connector"] = "|".join(",".join(str(t) for c in p for t in chunks[c]) for p in picked)
         return out
 
-    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
-    @rule(data=st.data())
-    def arrive(self, data):
-        prompt = data.draw(_prompts(self.longest), label="prompt")
-        max_tokens = data.draw(self.max_tokens.filter(lambda m: len(prompt) + m <= self.usable), label="max_tokens")
-        extra = data.draw(st.sampled_from(self.extras()), label="extra")
-        priority = data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
-        rid = f"r{len(self.arrived) + 1}"
-        self.arrived.append(rid)
-        self.run(Arrive(rid, prompt, max_tokens, extra, priority))
+    def priority(self, data) -> int:
+        return data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
 
     @precondition(lambda self: getattr(self, "resets", None) is not None)
     @rule(data=st.data())
