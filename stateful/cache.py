@@ -37,11 +37,12 @@ EXTRAS = ("lora:A", "lora:B", "salt:A", "salt:B", "lora:A@B", "mm:A@1", "mm:B@1"
 # exercises, then draws only those. A plain example is the single-group ``full`` layout
 # with no feature at all (the older single-group bugs live there, and a feature drawn into
 # every example dilutes them: reports/patches.md, 393c1f7); a swarm example turns each
-# feature on or off with probability 1/2, and an enabled feature is drawn on every
+# feature on or off (``FEATURE_ON``), and an enabled feature is drawn on every
 # admission or step (where mixing all features into every example had it on about half
 # of the time). ``EXAMPLE_KINDS`` weights plain against swarm.
 PLAIN_WEIGHT, SWARM_WEIGHT = 1, 2
 EXAMPLE_KINDS = ("plain",) * PLAIN_WEIGHT + ("swarm",) * SWARM_WEIGHT
+FEATURE_ON = (True, False)   # a feature's chance to be on in a swarm example: its share of True
 FEATURES = ("groups", "max_model_len", "chunk", "external", "extra", "drafts")
 
 # Built once: building strategies per draw costs more than running the step. Counts are
@@ -59,7 +60,7 @@ def plain_layout_probability() -> float:
     the single-group ``full`` layout: every plain example, and swarm examples with the
     groups feature off."""
     plain = EXAMPLE_KINDS.count("plain") / len(EXAMPLE_KINDS)
-    return plain + (1 - plain) / 2
+    return plain + (1 - plain) * FEATURE_ON.count(False) / len(FEATURE_ON)
 
 
 def chunk_tokens(block_size: int) -> list[list[int]]:
@@ -125,7 +126,8 @@ class CacheMachine(KVMachine):
             return frozenset()
         # groups pinned by --kv-groups: nothing to draw for them (the other draws stay put)
         wanted = [f for f in FEATURES if f != "groups" or self.kv_groups is None]
-        return frozenset(f for f in wanted if data.draw(st.booleans(), label=f"feature {f}"))
+        on = st.sampled_from(FEATURE_ON)
+        return frozenset(f for f in wanted if data.draw(on, label=f"feature {f}"))
 
     def _admit_options(self, data, n: int, new: bool) -> dict:
         """Chunk, extra keys and connector tokens of an admission (targets with features),
