@@ -2,16 +2,17 @@
 
 Two requests with equal tokens must not share a block when they differ in
 
-* the LoRA adapter (its weights change every K and V): the adapter's name goes into
-  every block's hash;
+* the LoRA adapter (its weights change every K and V): the adapter's name and path go
+  into every block's hash (one name may be re-pointed at another adapter's weights);
 * the ``cache_salt`` (tenant isolation): it goes into the first block's hash only,
   and the parent chain carries it to every later block;
 * a multimodal input (an image's embeddings replace placeholder tokens): its content
   hash goes into the hash of every block its placeholder range overlaps.
 
 A request's extra keys are written as a label, items joined by ``;``:
-``lora:NAME``, ``salt:S``, ``mm:HASH@OFFSET`` or ``mm:HASH@OFFSET+LENGTH`` (length 1
-if left out), e.g. ``"lora:A;mm:X@2+3"``. kvspec uses the same labels.
+``lora:NAME`` or ``lora:NAME@PATH`` (the path is the name if left out), ``salt:S``,
+``mm:HASH@OFFSET`` or ``mm:HASH@OFFSET+LENGTH`` (length 1 if left out), e.g.
+``"lora:A;mm:X@2+3"``. kvspec uses the same labels.
 """
 from __future__ import annotations
 
@@ -32,16 +33,17 @@ class MMInput:
 
 @dataclass(frozen=True)
 class ExtraKeys:
-    lora: Optional[str] = None
+    lora: Optional[str] = None        # the adapter's name
     salt: Optional[str] = None
-    mm: tuple[MMInput, ...] = ()
+    mm: tuple[MMInput, ...] = ()      # in offset order
+    lora_path: Optional[str] = None   # where its weights come from (the name when not given)
 
     def block_extra_keys(self, block_index: int, block_size: int) -> Optional[tuple]:
         """The extra keys folded into the hash of logical block ``block_index``."""
         start, end = block_index * block_size, (block_index + 1) * block_size
         keys: list = []
         if self.lora is not None:
-            keys.append(("lora", self.lora))
+            keys.append(("lora", self.lora, self.lora_path))
         if self.salt is not None and block_index == 0:
             keys.append(("salt", self.salt))
         for m in self.mm:
@@ -51,17 +53,20 @@ class ExtraKeys:
 
 
 def parse_extra(label: Optional[str]) -> ExtraKeys:
-    """``"lora:A;salt:s;mm:X@2+3"`` -> ExtraKeys; ValueError on a malformed label."""
+    """``"lora:A@p;salt:s;mm:X@2+3"`` -> ExtraKeys; ValueError on a malformed label."""
     if not label:
         return ExtraKeys()
-    lora = salt = None
+    lora = salt = path = None
     mm: list[MMInput] = []
     for item in label.split(";"):
         kind, _, value = item.partition(":")
         if not value:
-            raise ValueError(f"bad extra key {item!r}: expected lora:NAME, salt:S or mm:HASH@OFFSET[+LENGTH]")
+            raise ValueError(f"bad extra key {item!r}: expected lora:NAME[@PATH], salt:S or mm:HASH@OFFSET[+LENGTH]")
         if kind == "lora":
-            lora = value
+            lora, _, path = value.partition("@")
+            if not lora:
+                raise ValueError(f"bad LoRA key {item!r}: expected lora:NAME[@PATH]")
+            path = path or lora
         elif kind == "salt":
             salt = value
         elif kind == "mm":
@@ -71,8 +76,8 @@ def parse_extra(label: Optional[str]) -> ExtraKeys:
                 raise ValueError(f"bad multimodal key {item!r}: expected mm:HASH@OFFSET[+LENGTH]")
             mm.append(MMInput(h, int(off), int(length) if length else 1))
         else:
-            raise ValueError(f"bad extra key {item!r}: expected lora:NAME, salt:S or mm:HASH@OFFSET[+LENGTH]")
-    return ExtraKeys(lora, salt, tuple(mm))
+            raise ValueError(f"bad extra key {item!r}: expected lora:NAME[@PATH], salt:S or mm:HASH@OFFSET[+LENGTH]")
+    return ExtraKeys(lora, salt, tuple(sorted(mm, key=lambda m: m.offset)), path)
 
 
 class KeyedRequest(Request):

@@ -24,28 +24,57 @@ NUM_CHUNKS = 3
 # Drawn per example for targets with ``cache_features`` unless --kv-groups pins one.
 GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,chunked:4", "swa:3",
                "full,swa:2,chunked:4")
-# Extra-key labels; a multimodal hash always names the same one-token input.
-EXTRAS = ("lora:A", "lora:B", "salt:s", "salt:t", "mm:X@1", "mm:Y@1", "mm:X@2", "lora:A;salt:s")
+HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
+# Extra-key labels, drawn from one shared alphabet (A, B) so that identities collide: a
+# salt equal to an adapter's name (salt:A, lora:A), one name for two adapters (lora:A is
+# adapter A at path A, lora:A@B the one at path B), the same multimodal item at two
+# offsets (mm:A@1, mm:A@2) and twice in one prompt. A multimodal hash always names the
+# same one-token input. The reference model says what is the same KV (spec.model.groups).
+EXTRAS = ("lora:A", "lora:B", "salt:A", "salt:B", "lora:A@B", "mm:A@1", "mm:B@1", "mm:A@2", "lora:A;salt:A",
+          "lora:B@A;salt:B", "mm:A@0;mm:A@2", "lora:A;mm:B@1")
+
+# Swarm testing (Groce et al., ISSTA 2012): an example first draws which features it
+# exercises, then draws only those. A plain example is the single-group ``full`` layout
+# with no feature at all (the older single-group bugs live there, and a feature drawn into
+# every example dilutes them: reports/patches.md, 393c1f7); a swarm example turns each
+# feature on or off (``FEATURE_ON``), and an enabled feature is drawn on every
+# admission or step (where mixing all features into every example had it on about half
+# of the time). ``EXAMPLE_KINDS`` weights plain against swarm.
+PLAIN_WEIGHT, SWARM_WEIGHT = 1, 2
+EXAMPLE_KINDS = ("plain",) * PLAIN_WEIGHT + ("swarm",) * SWARM_WEIGHT
+FEATURE_ON = (True, False)   # a feature's chance to be on in a swarm example: its share of True
+FEATURES = ("groups", "max_model_len", "chunk", "external", "extra", "drafts")
+
 # Built once: building strategies per draw costs more than running the step. Counts are
 # drawn from a fixed range and cut to the prompt.
-_CHUNK = st.one_of(st.none(), st.integers(1, 16))
-_EXTERNAL = st.one_of(st.just(0), st.integers(0, 16))
+_CHUNK = st.integers(1, 16)
+_EXTERNAL = st.integers(0, 16)
 _EXTRA = st.one_of(st.none(), st.sampled_from(EXTRAS))
-_DRAFT_COUNT = st.one_of(st.just(0), st.integers(0, 3))
+_DRAFT_COUNT = st.integers(0, 3)
+_MAX_MODEL_LEN = st.integers(3, 16)
 _SMALL = st.integers(1, 4)
 
 
 @lru_cache(maxsize=None)
 def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The group specs and extra-key labels a target lacking ``missing`` (features, as in
-    ``Traits.cache_missing``) can take; with nothing missing, GROUP_SPECS and EXTRAS."""
+    """The hybrid group specs and extra-key labels a target lacking ``missing`` (features,
+    as in ``Traits.cache_missing``: an older vLLM release) can take; with nothing
+    missing, HYBRID_SPECS and EXTRAS."""
     def spec_ok(spec: str) -> bool:
         kinds = [p.partition(":")[0] for p in spec.split(",")]
         return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
             and (len(set(kinds)) < 3 or "three_kinds" not in missing)
-    specs = tuple(s for s in GROUP_SPECS if spec_ok(s)) or ("full",)
+    specs = tuple(s for s in HYBRID_SPECS if spec_ok(s))
     extras = tuple(e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing)
     return specs, extras
+
+
+def plain_layout_probability() -> float:
+    """The chance that an example (of a target with features, groups not pinned) draws
+    the single-group ``full`` layout: every plain example, and swarm examples with the
+    groups feature off."""
+    plain = EXAMPLE_KINDS.count("plain") / len(EXAMPLE_KINDS)
+    return plain + (1 - plain) * FEATURE_ON.count(False) / len(FEATURE_ON)
 
 
 def chunk_tokens(block_size: int) -> list[list[int]]:
@@ -85,10 +114,15 @@ class CacheMachine(KVMachine):
         bs = data.draw(self.block_sizes.filter(lambda b: b >= lo), label="block_size")
         self.next_id = 1
         extra = {}
+        self.enabled: frozenset = frozenset()
         if self.features:
-            extra["kv_groups"] = self.kv_groups or whole_block_chunks(
-                data.draw(st.sampled_from(self._drawable[0]), label="kv_groups"), bs)
-            extra["max_model_len"] = data.draw(st.one_of(st.none(), st.integers(3, 16)), label="max_model_len")
+            self.enabled = self.draw_enabled(data)
+            spec = "full"
+            if "groups" in self.enabled:
+                spec = whole_block_chunks(data.draw(st.sampled_from(self._drawable[0]), label="kv_groups"), bs)
+            extra["kv_groups"] = self.kv_groups or spec
+            extra["max_model_len"] = (data.draw(_MAX_MODEL_LEN, label="max_model_len")
+                                      if "max_model_len" in self.enabled else None)
         elif self.kv_groups is not None:
             extra["kv_groups"] = self.kv_groups
         self.start(Config(level="cache", num_blocks=n, block_size=bs, caching=self.draw_caching(data), **extra))
@@ -108,18 +142,35 @@ class CacheMachine(KVMachine):
     def _drawable(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return drawable(self._missing)
 
+    def _can(self, feature: str) -> bool:
+        """Whether this target (release) has ``feature`` at all: a missing one is never drawn."""
+        if feature == "groups":
+            return self.kv_groups is None and bool(self._drawable[0])  # pinned by --kv-groups, or none drivable
+        if feature == "extra":
+            return bool(self._drawable[1])
+        return feature not in self._missing
+
+    def draw_enabled(self, data) -> frozenset:
+        """The features this example exercises (swarm testing: see ``EXAMPLE_KINDS``)."""
+        if data.draw(st.sampled_from(EXAMPLE_KINDS), label="example kind") == "plain":
+            return frozenset()
+        wanted = [f for f in FEATURES if self._can(f)]
+        on = st.sampled_from(FEATURE_ON)
+        return frozenset(f for f in wanted if data.draw(on, label=f"feature {f}"))
+
     def _admit_options(self, data, n: int, new: bool) -> dict:
-        """Chunk, extra keys and connector tokens of an admission (targets with features)."""
-        if not self.features:
-            return {}
-        chunk = data.draw(_CHUNK, label="chunk")
-        missing = self._missing
-        out = {"chunk": None if chunk is None else min(chunk, max(n, 1)),
-               "external": 0 if "external" in missing else min(data.draw(_EXTERNAL, label="external"), n)}
-        if new:
+        """Chunk, extra keys and connector tokens of an admission (targets with features),
+        each drawn only where this example enables it."""
+        on = self.enabled
+        out: dict = {}
+        if "chunk" in on:
+            out["chunk"] = min(data.draw(_CHUNK, label="chunk"), max(n, 1))
+        if "external" in on:
+            out["external"] = min(data.draw(_EXTERNAL, label="external"), n)
+        if new and "extra" in on:
             extras = self._drawable[1]
-            out["extra"] = data.draw(_EXTRA if not missing else st.one_of(st.none(), st.sampled_from(extras))
-                                     if extras else st.none(), label="extra")
+            out["extra"] = data.draw(_EXTRA if len(extras) == len(EXTRAS) else st.one_of(st.none(), st.sampled_from(extras)),
+                                     label="extra")
         return out
 
     def _steppable(self) -> list[str]:
@@ -153,7 +204,7 @@ class CacheMachine(KVMachine):
         tokens = [t for c in chunk_tokens(self.session.config.block_size) for t in c]
         token = data.draw(st.sampled_from(tokens), label="token")
         drafts = ()
-        if self.features and "drafts" not in self._missing:
+        if "drafts" in self.enabled:
             k = data.draw(_DRAFT_COUNT, label="drafts")
             drafts = tuple(data.draw(st.sampled_from(tokens), label="draft") for _ in range(k))
         self.run(Step(rid, token, drafts))

@@ -134,12 +134,16 @@ def test_extra_keys_keep_requests_apart():
 
 def test_extra_key_rules():
     e = parse_extra("lora:A;salt:s;mm:X@3+2")
-    assert e == ExtraKeys("A", "s", (MMInput("X", 3, 2),))
-    assert e.block_extra_keys(0, 2) == (("lora", "A"), ("salt", "s"))
-    assert e.block_extra_keys(1, 2) == (("lora", "A"), ("mm", "X", 3))
-    assert e.block_extra_keys(2, 2) == (("lora", "A"), ("mm", "X", 3))
-    assert e.block_extra_keys(3, 2) == (("lora", "A"),)
-    for bad in ("lora:", "mm:X", "mm:X@a", "foo:1"):
+    assert e == ExtraKeys("A", "s", (MMInput("X", 3, 2),), "A")   # the path is the name when left out
+    lora = ("lora", "A", "A")
+    assert e.block_extra_keys(0, 2) == (lora, ("salt", "s"))
+    assert e.block_extra_keys(1, 2) == (lora, ("mm", "X", 3))
+    assert e.block_extra_keys(2, 2) == (lora, ("mm", "X", 3))
+    assert e.block_extra_keys(3, 2) == (lora,)
+    # one name for two adapters: the path tells them apart; multimodal items in offset order
+    assert parse_extra("lora:A@B").block_extra_keys(0, 2) == (("lora", "A", "B"),)
+    assert parse_extra("mm:X@2;mm:X@0").mm == (MMInput("X", 0), MMInput("X", 2))
+    for bad in ("lora:", "lora:@B", "mm:X", "mm:X@a", "foo:1"):
         with pytest.raises(ValueError):
             parse_extra(bad)
 

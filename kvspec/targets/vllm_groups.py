@@ -28,6 +28,7 @@ release does not take are not passed, and the features it lacks are never drawn.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Optional
 
 from kvspec.errors import TargetError
@@ -96,8 +97,18 @@ def build_manager(manager_mod: Any, kv_config: Any, block_size: int, caching: bo
         raise TargetError(f"vllm: this KVCacheManager refuses {groups} KV-cache group(s): {e}") from None
 
 
+def lora_request(cls: Any, value: str) -> Any:
+    """``NAME`` or ``NAME@PATH`` (the path is the name when left out) -> a LoRARequest.
+    Two adapters may share a name; each adapter (name and path) has its own id, since
+    older releases key a block by the id and newer ones by name and path."""
+    name, _, path = value.partition("@")
+    path = path or name
+    lora_id = 1 + sum(map(ord, name)) if path == name else 1 + zlib.crc32(f"{name}@{path}".encode()) % (1 << 30)
+    return cls(name, lora_id, f"/kvspec/lora/{path}")
+
+
 def parse_extra(label: Optional[str], layout: str = "features") -> dict:
-    """An Admit's extra keys (``lora:A;salt:s;mm:X@2[+L]``) -> Request keyword arguments,
+    """An Admit's extra keys (``lora:A[@PATH];salt:s;mm:X@2[+L]``) -> Request keyword arguments,
     multimodal inputs in the release's layout: ``features`` (``mm_features``, 0.11.0 on)
     or ``hashes`` (``multi_modal_hashes`` and ``multi_modal_placeholders``, before)."""
     if not label:
@@ -109,9 +120,8 @@ def parse_extra(label: Optional[str], layout: str = "features") -> dict:
     mm = []
     for item in label.split(";"):
         kind, _, value = item.partition(":")
-        if kind == "lora" and value:
-            # The path follows the name: one adapter per name, as kvspec's model has it.
-            out["lora_request"] = LoRARequest(value, 1 + sum(map(ord, value)), f"/kvspec/lora/{value}")
+        if kind == "lora" and value and not value.startswith("@"):
+            out["lora_request"] = lora_request(LoRARequest, value)
         elif kind == "salt" and value:
             out["cache_salt"] = value
         elif kind == "mm" and "@" in value:

@@ -118,6 +118,11 @@ def agreed_hit(groups: list[Group], cached_in: Callable[[int], Cached], max_len:
 # -- extra keys -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Extra:
+    """A request's extra keys, as identities. ``lora`` names an adapter by its name and
+    path (``lora:NAME@PATH``; the path is the name when left out), as vLLM keys it: two
+    adapters may share a name (at two paths), and a salt or a multimodal hash may equal an
+    adapter's name without naming the same thing, since each kind keeps its own place in
+    the key. ``mm`` is in offset order: the same item at another offset is another input."""
     lora: Optional[str] = None
     salt: Optional[str] = None
     mm: tuple[tuple[str, int, int], ...] = ()   # (content hash, offset, length)
@@ -139,8 +144,9 @@ def parse_extra(label: Optional[str]) -> Extra:
     mm = []
     for item in label.split(";"):
         kind, _, value = item.partition(":")
-        if kind == "lora" and value:
-            lora = value
+        if kind == "lora" and value and not value.startswith("@"):
+            name, _, path = value.partition("@")
+            lora = name if path in ("", name) else f"{name}@{path}"   # one spelling per adapter
         elif kind == "salt" and value:
             salt = value
         elif kind == "mm" and "@" in value:
@@ -150,5 +156,5 @@ def parse_extra(label: Optional[str]) -> Extra:
                 raise ValueError(f"bad multimodal key {item!r}: expected mm:HASH@OFFSET[+LENGTH]")
             mm.append((h, int(off), int(length) if length else 1))
         else:
-            raise ValueError(f"bad extra key {item!r}: expected lora:NAME, salt:S or mm:HASH@OFFSET[+LENGTH]")
-    return Extra(lora, salt, tuple(mm))
+            raise ValueError(f"bad extra key {item!r}: expected lora:NAME[@PATH], salt:S or mm:HASH@OFFSET[+LENGTH]")
+    return Extra(lora, salt, tuple(sorted(mm, key=lambda m: m[1])))
