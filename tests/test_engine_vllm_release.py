@@ -61,7 +61,10 @@ with contextlib.redirect_stdout(buf):
     main(["check", "--target", "vllm", "--level", "engine", "--max-examples", "300", "--seed", "0", "--json",
           "--report-dir", REPORT_DIR])
 report = next(json.loads(ln) for ln in buf.getvalue().splitlines() if ln.startswith("{"))
-v = (report.get("violations") or [{}])[0]
+found = report.get("violations") or [{}]
+# every distinct finding is reported (--max-findings): #19459's is the one with the IndexError
+v = next((x for x in found if "IndexError" in (x.get("message") or "")), found[0])
+out["findings"] = [[x.get("invariant"), (x.get("message") or "")[:200]] for x in found]
 out["search"] = [report.get("verdict"), v.get("invariant"), v.get("message"), [s["op"] for s in v.get("steps", [])],
                  v.get("repro"), v.get("examples_to_failure")]
 if v.get("repro"):   # the minimized repro replays on the release: the same crash, at its last event

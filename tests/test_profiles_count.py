@@ -24,7 +24,10 @@ def test_dev_profile_runs_its_count(impl, tmp_path):
     n = PROFILES["dev"]["max_examples"]
     c = run_machine(impl, "impl", "cache", RunOptions(profile="dev", repro_dir=str(tmp_path),
                                                        database=str(tmp_path / "db")))
-    assert n <= c["examples"] < n + BATCH, c["examples"]
+    # dev is random: the last batch asks for the share of what is left that Hypothesis kept
+    # so far, and a run whose examples are discarded more often late (swarm examples with
+    # features) may take one more batch; before, dev's 50 ran about 144
+    assert n <= c["examples"] < n + 2 * BATCH, c["examples"]
 
 
 def test_ci_profile_runs_what_kvspec_check_runs(impl, tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.stateful.cache import EXTRAS, GROUP_SPECS, drawable
+from kvspec.stateful.cache import EXTRAS, HYBRID_SPECS, drawable
 from kvspec.targets.vllm_compat import FEATURES, CacheApi
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,15 +26,17 @@ def _tool():
 
 
 def test_nothing_missing_draws_every_layout_and_key():
-    assert drawable(frozenset()) == (GROUP_SPECS, EXTRAS)
+    assert drawable(frozenset()) == (HYBRID_SPECS, EXTRAS)
 
 
 @pytest.mark.parametrize("missing", [{"groups"}, {"chunked"}, {"swa", "chunked"}, {"groups", "chunked", "mm"},
                                      {"three_kinds"},
                                      {"lora", "salt"}, set(FEATURES)])
 def test_a_missing_feature_is_never_drawn(missing):
+    """``drawable`` gives the hybrid layouts a release can take (the single-group ``full``
+    layout is the swarm's plain choice, always there) and the extra keys it can take."""
     specs, extras = drawable(frozenset(missing))
-    assert specs and all(s in GROUP_SPECS or s == "full" for s in specs)
+    assert all(s in HYBRID_SPECS for s in specs)
     for spec in specs:
         kinds = {p.partition(":")[0] for p in spec.split(",")}
         assert not kinds & missing
@@ -43,11 +45,28 @@ def test_a_missing_feature_is_never_drawn(missing):
     for label in extras:
         assert not {i.partition(":")[0] for i in label.split(";")} & missing
     # and nothing drawable is dropped: every layout and key that avoids them stays
-    keep = [s for s in GROUP_SPECS if not {p.partition(":")[0] for p in s.split(",")} & missing
+    keep = [s for s in HYBRID_SPECS if not {p.partition(":")[0] for p in s.split(",")} & missing
             and ("groups" not in missing or "," not in s)
             and ("three_kinds" not in missing or len({p.partition(":")[0] for p in s.split(",")}) < 3)]
-    assert list(specs) == (keep or ["full"])
+    assert list(specs) == keep
     assert len(extras) == len([e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing])
+
+
+def test_a_release_without_several_groups_never_draws_a_hybrid_layout():
+    """Swarm examples turn the layout feature on only where a layout other than ``full`` is
+    drivable (a lone ``swa:3`` group needs no coordinator of several groups)."""
+    from kvspec.stateful.cache import CacheMachine
+
+    class Probe(CacheMachine):
+        def __init__(self, missing):  # only what _can reads
+            self.kv_groups = None
+            self.target = type("T", (), {"traits": type("Tr", (), {"cache_missing": frozenset(missing)})()})()
+
+    assert Probe({"groups"})._can("groups") is True          # swa:3 alone
+    assert Probe({"groups", "swa"})._can("groups") is False
+    assert Probe(set())._can("groups") is True
+    assert Probe({"lora", "salt", "mm"})._can("extra") is False
+    assert Probe({"drafts"})._can("drafts") is False
 
 
 def test_cache_api_missing_names_what_a_release_lacks():

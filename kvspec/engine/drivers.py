@@ -57,6 +57,21 @@ def supports_spec_decode(target: Any) -> bool:
     return isinstance(target, VllmTarget)
 
 
+def draws_deployment_inputs(target: Any) -> bool:
+    """Whether the engine level draws the deployment inputs (reset, lookahead, priority, a
+    connector) for ``target``: vLLM releases the current engine drives. A release the legacy
+    engine drives (0.9.x to 0.30.x, ``vllm_compat_engine.drivable_legacy``) keeps its own
+    machine, so its examples (0.9.0's #19459 among them) stay as they were."""
+    from kvspec.targets.vllm_target import VllmTarget
+    if not isinstance(target, VllmTarget) or not getattr(target, "groups", False):
+        return False
+    from kvspec.engine.vllm_compat_engine import drivable_legacy
+    from kvspec.engine.vllm_engine import SCHEDULER_MODULE
+    from kvspec.targets.vllm_patch import import_vllm
+    mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
+    return not drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE])
+
+
 def supports_engine(target: Any) -> bool:
     from kvspec.targets.nanovllm_target import NanoTarget
     from kvspec.targets.vllm_target import VllmTarget

@@ -244,10 +244,10 @@ class InputsEngineMachine(SpecEngineMachine):
 def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
                    kv_groups: Optional[str] = None) -> type:
     """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
-    from kvspec.engine.drivers import supports_spec_decode
+    from kvspec.engine.drivers import draws_deployment_inputs, supports_spec_decode
     attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
                  counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
     base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
-    if base is SpecEngineMachine and getattr(target, "groups", False):
-        base = InputsEngineMachine   # the current manager API: the deployment inputs too
+    if base is SpecEngineMachine and draws_deployment_inputs(target):
+        base = InputsEngineMachine   # the current engine: the deployment inputs too
     return type(machine_class_name("EngineMachine", target), (base,), attrs)

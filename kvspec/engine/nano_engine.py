@@ -45,6 +45,12 @@ refused in one line naming it, never a finding.
 Observation. ``kvspec.targets.nano_driver.NanoDriver``'s, the cache level's, reading the
 scheduler's real ``block_manager``; a request's ``computed`` is the engine's (the tokens
 whose KV the steps so far computed, the prefix hit included), not ``len(seq)``.
+
+This module is longer than 450 lines since it records every call the scheduler makes
+into the manager (issue 36) and interprets each by its code: the recording, the
+publication timing and the batch-shape reading share one driver's per-step state.
+Moving the interpretation (``_interpret``, ``_publications``) into its own module is a
+follow-up.
 """
 from __future__ import annotations
 

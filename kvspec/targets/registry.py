@@ -44,6 +44,13 @@ def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
             raise TargetError(f"--api is for user targets (FILE.py:NAME, module:NAME): target {spec} has a fixed API")
         if (spec == "nanovllm" or spec.startswith("nanovllm:")) and api != "nanovllm":
             raise TargetError(f"--api {api}: target {spec} is a nano-vllm BlockManager (--api nanovllm)")
+    if patch and spec in ("sglang", "lmcache"):
+        try:
+            read_patch(patch)   # a hostile diff is refused as for every target
+        except (PatchError, TargetError) as e:
+            if "refused" in str(e):
+                raise
+        raise TargetError(f"target {spec}: --patch is not supported for this target")
     diff = read_patch(patch) if patch else None
     if spec == "impl":
         from kvspec.targets.impl_target import ImplTarget
