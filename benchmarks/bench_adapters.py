@@ -48,10 +48,6 @@ def committed_figures(report: Path = REPORT) -> dict[str, float]:
     return out
 
 
-def _median_ops(target, trace, rounds_times: list[float]) -> float:
-    return len(trace.ops) / statistics.median(rounds_times)
-
-
 def guard_share(trace, rounds: int) -> dict:
     """impl's replay CPU time with and without BlockPool._check_own, interleaved."""
     from kvspec import impl
@@ -93,7 +89,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         k = r % len(names)
         for n in names[k:] + names[:k]:
             cpu[n].append(replay_times(targets[n], traces[n])[1])
-    ops_s = {n: _median_ops(targets[n], traces[n], cpu[n]) for n in names}
+    ops_s = {n: len(traces[n].ops) / statistics.median(cpu[n]) for n in names}
     committed = committed_figures(Path(a.report))
     rows = []
     behind = []

@@ -144,7 +144,7 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
     # the run stops at the first batch that reaches it: at most one batch over.
     wanted = opts.max_examples if opts.max_examples is not None else (
         None if opts.budget is not None else base.max_examples)
-    from kvspec.check import coverage
+    from kvspec.check import coverage, coverage_notes
     coverage.reset()
     start = time.monotonic()
     found: Optional[Any] = None
@@ -164,7 +164,7 @@ def run_machine(target: Any, spec: str, level: str, options: Optional[RunOptions
                     stop=f"--kvspec-max-examples {wanted}" if opts.max_examples is not None else
                     f"budget {opts.budget:g}s" if opts.budget is not None else f"{wanted} examples")
     cov = coverage.snapshot([level])  # what this machine drew and called
-    counters["coverage"] = {"levels": cov, "notes": [] if found is not None else coverage.uncalled_notes(
+    counters["coverage"] = {"levels": cov, "notes": [] if found is not None else coverage_notes.uncalled_notes(
         target, _patch_text(patch), cov)}
     if found is not None:
         failure = _failure(target, spec, level, found, profile, opts, command, patch)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Mapping
 
-from kvspec.alloc.shapes import AllocMap
+from kvspec.alloc.shapes import ID_FIELDS, AllocMap, is_object
 from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation
 from kvspec.spec.ops import Alloc, Free, Op, Touch
@@ -28,9 +28,6 @@ from kvspec.targets.base import Driver, TargetError
 
 class Refused(Exception):
     """The allocator refused by its return value (None, False, an empty list)."""
-
-
-ID_FIELDS = ("block_number", "block_id", "block_idx", "page_id", "idx", "id", "index")  # a block object's id
 
 
 def block_id(x: Any) -> int:
@@ -45,10 +42,6 @@ def block_id(x: Any) -> int:
         if isinstance(v, int) and not isinstance(v, bool):
             return v
     return int(x)
-
-
-def is_object(x: Any) -> bool:
-    return not isinstance(x, int) and any(isinstance(getattr(x, f, None), int) for f in ID_FIELDS)
 
 
 def as_ids(value: Any) -> list:

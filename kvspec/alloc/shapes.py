@@ -51,6 +51,14 @@ CAN_APPEND = ("can_append", "can_append_token", "can_append_slot", "can_grow")
 FREE_COUNT = ("num_free", "get_num_free_blocks", "num_free_blocks", "free_count", "get_free_count",
               "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count",
               "available_size", "free_blocks")
+ID_FIELDS = ("block_number", "block_id", "block_idx", "page_id", "idx", "id", "index")  # a block object's id
+
+
+def is_object(x: Any) -> bool:
+    """A block object (vLLM v0's PhysicalTokenBlock): not an int, but with an int id field."""
+    return not isinstance(x, int) and any(isinstance(getattr(x, f, None), int) for f in ID_FIELDS)
+
+
 FREE_FIELDS = ("free_block_ids", "free_blocks", "free_list", "free_ids", "free", "_free", "free_pages",
                "free_queue", "_free_blocks", "_free_list", "available_blocks", "pool")
 REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts")
@@ -247,7 +255,6 @@ def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
             items = list(v.keys()) if isinstance(v, Mapping) else list(v)
         except TypeError:
             return False
-        from kvspec.alloc.pool_driver import is_object
         return all(type(x) is int or is_object(x) for x in items)
 
     attrs = vars(obj) if hasattr(obj, "__dict__") else {}

@@ -171,14 +171,14 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
               report_dir=report_dir, kv_groups=check_kv_groups(a.kv_groups, target), command=command,
               max_examples=max_examples if deterministic else None, database=getattr(a, "db", None),
               max_findings=max_findings_of(a))
-    from kvspec.check import coverage
+    from kvspec.check import coverage, coverage_notes
     coverage.reset()
     if (getattr(a, "jobs", None) or 1) > 1:  # the workers count in their own processes: no coverage
         from kvspec.check.jobs import run_jobs
         report = run_jobs(target, a.target, a.jobs, **kw)
     else:
         report = run_check(target, a.target, progress=sys.stderr.isatty() and not a.json, **kw)
-        report.coverage = coverage.for_report(report, target, patch_text)  # what the verdict covered
+        report.coverage = coverage_notes.for_report(report, target, patch_text)  # what the verdict covered
     from kvspec.check.hints import continue_search
     from kvspec.targets.policies import declaration_of
     report.declaration, report.hintable = declaration_of(target), target.traits.hintable
