@@ -38,6 +38,15 @@ MOVED: dict[str, str] = {
     "kvspec.figures": "kvspec.report.figures",
     "kvspec.bench": "kvspec.targets.bench",
     "kvspec.kernel_sweep": "kvspec.kernels.sweep",
+    # vLLM support became one package (issue 37 part 8)
+    "kvspec.targets.vllm_compat": "kvspec.vllm.compat",
+    "kvspec.targets.vllm_groups": "kvspec.vllm.groups",
+    "kvspec.targets.vllm_patch": "kvspec.vllm.patch",
+    "kvspec.targets.vllm_target": "kvspec.vllm.target",
+    "kvspec.engine.vllm_engine": "kvspec.vllm.engine",
+    "kvspec.engine.vllm_compat_engine": "kvspec.vllm.engine_compat",
+    "kvspec.engine.vllm_connector": "kvspec.vllm.connector",
+    "kvspec.engine.vllm_inputs": "kvspec.vllm.inputs",
 }
 
 

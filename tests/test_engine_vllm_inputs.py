@@ -1,7 +1,7 @@
 """The inputs real vLLM deployments send, at the engine level (issue 37, part 3):
 ``reset_prefix_cache`` mid-run, a drafter's lookahead slots (draft model, EAGLE) and the
 priority policy, each detected on the installed release by feature
-(``kvspec.engine.vllm_inputs``).
+(``kvspec.vllm.inputs``).
 
 - unpatched vLLM stays clean with them, and they really are drawn;
 - a planted bug that only one input reaches is found through vLLM's real Scheduler,
@@ -21,7 +21,7 @@ pytest.importorskip("einops", reason="vLLM's Scheduler import chain needs einops
 
 from kvspec.check.search import run_check  # noqa: E402
 from kvspec.check.session import Session, run_steps  # noqa: E402
-from kvspec.engine.vllm_inputs import features  # noqa: E402
+from kvspec.vllm.inputs import features  # noqa: E402
 from kvspec.spec.config import Config  # noqa: E402
 from kvspec.spec.ops import Arrive, EngineStep, ResetPrefixCache, op_from_dict  # noqa: E402
 from kvspec.targets.registry import load_target  # noqa: E402
@@ -32,7 +32,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "kvspec" / "corpus" / "vllm"
 
 def _need(feature: str) -> None:
     if feature not in features():
-        pytest.skip(f"the installed vLLM has no {feature} (detected by feature, kvspec.engine.vllm_inputs)")
+        pytest.skip(f"the installed vLLM has no {feature} (detected by feature, kvspec.vllm.inputs)")
 
 
 def _check(patch: "Path | None", tmp_path: Path, n: int, seed: int = 0):
@@ -94,7 +94,7 @@ def test_the_connector_serves_its_prefixes_and_the_model_follows():
     tokens as external computed tokens (its first scheduled token comes after them), never
     its last token; the cache-level model replays that admission (Admit.external)."""
     _need("connector")
-    from kvspec.engine.vllm_connector import remote_tokens
+    from kvspec.vllm.connector import remote_tokens
     assert remote_tokens((1, 2, 3, 4, 5), 0, [(1, 2, 3, 4)]) == 4
     assert remote_tokens((1, 2, 3, 4), 0, [(1, 2, 3, 4)]) == 3     # the last token is computed
     assert remote_tokens((1, 2, 3, 4, 5), 4, [(1, 2, 3, 4)]) == 0  # already computed locally

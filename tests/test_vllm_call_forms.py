@@ -1,4 +1,4 @@
-"""The vLLM adapter's call forms (kvspec.targets.vllm_compat): read once per callable,
+"""The vLLM adapter's call forms (kvspec.vllm.compat): read once per callable,
 bound once, and passing exactly the names each release's callable takes. No vLLM
 needed: the forms are read off plain Python callables shaped like two releases'."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from kvspec.errors import TargetError
-from kvspec.targets import vllm_compat as compat
+from kvspec.vllm import compat as compat
 
 
 class OldPool:  # cache_full_blocks taking the hashes (to 0.10.x)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvspec.stateful.cache import EXTRAS, HYBRID_SPECS, drawable
-from kvspec.targets.vllm_compat import FEATURES, CacheApi
+from kvspec.vllm.compat import FEATURES, CacheApi
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def test_cache_api_missing_names_what_a_release_lacks():
 
 def test_installed_vllm_has_every_feature():
     pytest.importorskip("vllm")
-    from kvspec.targets.vllm_target import VllmTarget
+    from kvspec.vllm.target import VllmTarget
 
     t = VllmTarget()
     assert t.groups and t.traits.cache_features
@@ -94,7 +94,7 @@ def test_installed_vllm_has_every_feature():
 
 def test_parse_extra_in_the_older_layout():
     pytest.importorskip("vllm")
-    from kvspec.targets.vllm_groups import parse_extra
+    from kvspec.vllm.groups import parse_extra
 
     kw = parse_extra("mm:Y@3+2;mm:X@1;salt:s", layout="hashes")
     assert kw["multi_modal_hashes"] == ["X", "Y"]   # offset order

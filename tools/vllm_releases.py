@@ -285,8 +285,8 @@ def annotate(version: str, result: dict, policies: str) -> None:
 PROBE = r"""
 import json, sys, inspect
 import vllm
-from kvspec.targets.vllm_target import VllmTarget
-from kvspec.targets import vllm_compat as c
+from kvspec.vllm.target import VllmTarget
+from kvspec.vllm import compat as c
 t = VllmTarget()
 up = t.up
 bp = up.block_pool.BlockPool
@@ -492,7 +492,7 @@ def write_report(rows: list[dict], out: Path, command: str, seconds: float) -> N
         "to their own dirs: " + "; ".join(f"{first} to before {until}: `{name}` ({', '.join(pkgs)})"
                                           for first, until, name, pkgs in RELEASE_DEPS) + ".",
         "",
-        "The adapter finds each release's API by feature (`kvspec/targets/vllm_compat.py`): constructor and "
+        "The adapter finds each release's API by feature (`kvspec/vllm/compat.py`): constructor and "
         "method signatures through `inspect`, hashing helpers by name, `vllm.utils.hashing` only where the "
         "release ships it. The machines draw prefix caching on and off per example.",
         "",

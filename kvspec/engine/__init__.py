@@ -7,9 +7,7 @@ decides what to schedule, chunk, preempt and finish, and kvspec checks the KV ma
 observation and the scheduler's decisions (``StepFacts``) after every engine step.
 
     protocol      StepFacts, ManagerCall and the EngineDriver protocol every engine adapter follows
-    vllm_engine   vLLM's v1 Scheduler on CPU, behind a recorder of its KV manager calls
-    vllm_inputs   the inputs deployments send (reset, lookahead drafters, priority, connector), by feature
-    vllm_connector  a small CPU KV connector against the release's own KVConnectorBase_V1
+                  (vLLM's engine driver lives with the rest of vLLM support, in ``kvspec.vllm``)
     nano_engine   a nano-vllm package's own Scheduler
     nano_load     loading a nano-vllm package's scheduler, and its stand-in config
     drivers       which engine drives a target

@@ -35,7 +35,7 @@ def _chunked_hybrid_allowed() -> bool:
 def engine_shape(config: Config) -> Any:
     """The vLLM engine's shape for ``config``; a KV-group set vLLM's own validation or
     planning would not build is refused with one line citing the check."""
-    from kvspec.engine.vllm_engine import EngineShape
+    from kvspec.vllm.engine import EngineShape
     spec = config.kv_groups or "full"
     chunks = [g.split(":", 1)[1] for g in spec.split(",") if g.strip().startswith("chunked:")]
     if chunks and not _chunked_hybrid_allowed():
@@ -53,28 +53,28 @@ def engine_shape(config: Config) -> Any:
 
 def supports_spec_decode(target: Any) -> bool:
     """Whether the engine level draws speculative decoding for ``target`` (vLLM's n-gram drafter)."""
-    from kvspec.targets.vllm_target import VllmTarget
+    from kvspec.vllm.target import VllmTarget
     return isinstance(target, VllmTarget)
 
 
 def draws_deployment_inputs(target: Any) -> bool:
     """Whether the engine level draws the deployment inputs (reset, lookahead, priority, a
     connector) for ``target``: vLLM releases the current engine drives. A release the legacy
-    engine drives (0.9.x to 0.30.x, ``vllm_compat_engine.drivable_legacy``) keeps its own
+    engine drives (0.9.x to 0.30.x, ``kvspec.vllm.engine_compat.drivable_legacy``) keeps its own
     machine, so its examples (0.9.0's #19459 among them) stay as they were."""
-    from kvspec.targets.vllm_target import VllmTarget
+    from kvspec.vllm.target import VllmTarget
     if not isinstance(target, VllmTarget) or not getattr(target, "groups", False):
         return False
-    from kvspec.engine.vllm_compat_engine import drivable_legacy
-    from kvspec.engine.vllm_engine import SCHEDULER_MODULE
-    from kvspec.targets.vllm_patch import import_vllm
+    from kvspec.vllm.engine_compat import drivable_legacy
+    from kvspec.vllm.engine import SCHEDULER_MODULE
+    from kvspec.vllm.patch import import_vllm
     mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
     return not drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE])
 
 
 def supports_engine(target: Any) -> bool:
     from kvspec.targets.nanovllm_target import NanoTarget
-    from kvspec.targets.vllm_target import VllmTarget
+    from kvspec.vllm.target import VllmTarget
     if isinstance(target, NanoTarget):
         from kvspec.engine.nano_engine import has_scheduler
         return has_scheduler(target)
@@ -90,12 +90,12 @@ def engine_driver(target: Any, config: Config) -> EngineDriver:
     if isinstance(target, NanoTarget):
         from kvspec.engine.nano_engine import engine_driver_for
         return engine_driver_for(target, config)
-    from kvspec.targets.vllm_target import VllmTarget
+    from kvspec.vllm.target import VllmTarget
     if isinstance(target, VllmTarget):
-        from kvspec.engine.vllm_engine import SCHEDULER_MODULE, VllmEngine
-        from kvspec.targets.vllm_patch import import_vllm
+        from kvspec.vllm.engine import SCHEDULER_MODULE, VllmEngine
+        from kvspec.vllm.patch import import_vllm
         mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
-        from kvspec.engine.vllm_compat_engine import drivable_legacy, legacy_engine   # HOOK: 0.9.x, vllm_compat_engine
+        from kvspec.vllm.engine_compat import drivable_legacy, legacy_engine   # HOOK: 0.9.x
         if drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE]):
             return legacy_engine(VllmEngine)(mods, engine_shape(config))
         if not getattr(target, "groups", False):

@@ -34,7 +34,7 @@ must differ by adapter) and, in a quarter of the examples, a ``max_model_len`` o
 tokens that binds (prompts stay under it, ``max_tokens`` may run past it: the scheduler
 stops the request at the cap). 0.9.x's draws are unchanged, so its numbers above hold.
 
-Where the release has them (``kvspec.engine.vllm_inputs.features``, on that same current
+Where the release has them (``kvspec.vllm.inputs.features``, on that same current
 API), the machine also draws the inputs real deployments send (issue 37):
 - a drafter with its own KV (``draft_model`` or ``eagle``) in half the drafted examples,
   so the scheduler reserves lookahead slots;
@@ -207,7 +207,7 @@ class InputsEngineMachine(SpecEngineMachine):
         """The deployment inputs of this example (see the module doc): Config fields; sets
         ``self.resets`` (None: no resets drawn) and ``self.priorities``."""
         self.resets, self.priorities = None, False
-        from kvspec.engine.vllm_inputs import LOOKAHEAD_DRAFTERS, features
+        from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS, features
         have = features()
         out: dict = {}
         drafters = [m for m in LOOKAHEAD_DRAFTERS if f"lookahead:{m}" in have]

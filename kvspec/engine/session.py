@@ -123,7 +123,7 @@ class EngineSession:
     def _run(self, op: Op) -> Optional[StepFacts]:
         e = self.engine
         if isinstance(op, Arrive):
-            if op.priority:   # only drawn for an engine with the priority policy (vllm_inputs)
+            if op.priority:   # only drawn for an engine with the priority policy (kvspec.vllm.inputs)
                 e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra, priority=op.priority)
             else:
                 e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra)

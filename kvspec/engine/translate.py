@@ -22,7 +22,7 @@ The scheduler's calls map onto the cache-level vocabulary one for one:
 - ``preempt`` / ``finish``: ``Preempt`` / ``Finish``;
 - ``reset`` (``reset_prefix_cache`` reached the manager): the pool's ``Reset``, which the
   engine's model applies to its pool (True only when no block is held; a success forgets
-  every hash). A call that reserves lookahead slots (a drafter's, ``vllm_inputs``) has no
+  every hash). A call that reserves lookahead slots (a drafter's, ``kvspec.vllm.inputs``) has no
   cache-level op: ``Unexpressible``.
 
 The result is what the target did, in the cache level's terms: an admission's hit

@@ -18,7 +18,7 @@ class Config:
                                # the drafter writes KV past the scheduled tokens, spec_tokens lookahead slots)
     policy: str = "fcfs"       # engine level: the scheduling policy ("fcfs" or "priority")
     connector: Optional[str] = None  # engine level: a KV connector serving these prompt prefixes' KV
-                               # (token lists joined by '|'; kvspec.engine.vllm_connector); None: none
+                               # (token lists joined by '|'; kvspec.vllm.connector); None: none
 
     def to_dict(self) -> dict:
         return asdict(self)

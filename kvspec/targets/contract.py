@@ -18,7 +18,7 @@ The nano-vllm table is the nano driver's own ``NANO_CALLS``
 (``kvspec.targets.nanovllm_target``), resolved through the class's name map
 (``kvspec.targets.names``); the v1-style tables below are the calls of
 ``kvspec.targets.impl_target`` / ``impl_cache`` / ``v1_driver`` (kvspec's impl API) and
-of ``vllm_compat`` (vLLM's own API).
+of ``kvspec.vllm.compat`` (vLLM's own API).
 
 This module is longer than 450 lines because it holds the contract tables of all three
 APIs (and both vLLM-style driving styles) beside the one checker and renderer that read
@@ -443,7 +443,7 @@ def check_nano(spec: str, target: Any) -> None:
 def check_v1(spec: str, api: str, vllm_style: bool, cls: type, build: Any = None) -> None:
     """The impl-style or vLLM-style contract of a BlockPool or KVCacheManager class."""
     style = V1_STYLES[(api, vllm_style)]
-    # vLLM-style constructors and cache_full_blocks get only the names they take (vllm_compat.call)
+    # vLLM-style constructors and cache_full_blocks get only the names they take (kvspec.vllm.compat.call)
     calls = [c for c in style.calls if not (vllm_style and c.keywords)]
     check_calls(spec, cls, calls, build=build)
 

@@ -60,7 +60,7 @@ def _load(spec: str, patch: Optional[str], api: Optional[str]) -> Target:
         return ImplTarget(mod, label=f"impl+{patch}")
     if spec == "vllm":
         try:
-            from kvspec.targets.vllm_target import VllmTarget
+            from kvspec.vllm.target import VllmTarget
         except ImportError as e:
             raise TargetError(f"target vllm: cannot import the vllm adapter: {e}") from None
         return VllmTarget(patch_text=diff, patch_name=patch)

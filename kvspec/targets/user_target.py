@@ -355,7 +355,7 @@ def is_vllm_signature(cls: type, api: str) -> bool:
 
 # -- targets -----------------------------------------------------------------------------
 class _UpstreamView:
-    """vLLM's ``Upstream`` (kvspec.targets.vllm_target) with the user's class in place
+    """vLLM's ``Upstream`` (kvspec.vllm.target) with the user's class in place
     of vLLM's BlockPool or KVCacheManager: the vLLM drivers build from ``up.block_pool``
     and ``up.manager``, and take everything else (Request, hashing) from vLLM."""
 
@@ -383,8 +383,8 @@ class UserTarget(Target):
 def _vllm_target(spec: str, api: str, build: Any, cls: Optional[type] = None, source: Optional[Path] = None
                  ) -> UserTarget:
     try:
-        from kvspec.targets.vllm_patch import import_vllm
-        from kvspec.targets.vllm_target import Upstream, VllmCacheDriver, VllmPoolDriver
+        from kvspec.vllm.patch import import_vllm
+        from kvspec.vllm.target import Upstream, VllmCacheDriver, VllmPoolDriver
         up = Upstream(import_vllm(None))
     except ImportError as e:
         raise TargetError(f"target {spec}: a vLLM-style {API_NAMES[api]} is driven with vLLM's Request and "

@@ -31,8 +31,8 @@ from kvspec.check.search import run_check
 from kvspec.check.session import Session
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Alloc, Cache, Free, Lookup, Touch
-from kvspec.targets import vllm_compat as c
-from kvspec.targets.vllm_target import VllmTarget
+from kvspec.vllm import compat as c
+from kvspec.vllm.target import VllmTarget
 
 t = VllmTarget()
 hashes, by_group, grouped = c.pool_api(t.up.block_pool.BlockPool)
@@ -105,7 +105,7 @@ def test_old_release_is_detected_and_driven(version, tmp_path):
 
 FEATURES = r"""
 import json
-from kvspec.targets.vllm_target import VllmTarget
+from kvspec.vllm.target import VllmTarget
 t = VllmTarget()
 print(json.dumps({"groups": t.groups, "missing": sorted(t.traits.cache_missing),
                   "layout": t.cache_api.mm_layout if t.cache_api else None}))

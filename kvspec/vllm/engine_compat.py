@@ -30,7 +30,7 @@ def block_hasher(mods: dict[str, Any], block_size: int) -> Optional[Any]:
     """The current API's per-request block hasher; None where the manager hashes itself."""
     if is_legacy(mods["vllm.v1.request"]):
         return None
-    from kvspec.targets.vllm_target import Upstream
+    from kvspec.vllm.target import Upstream
     up = Upstream(mods)
     return up.utils.get_request_block_hasher(block_size, up.hash_fn)
 
@@ -38,10 +38,10 @@ def block_hasher(mods: dict[str, Any], block_size: int) -> Optional[Any]:
 def new_request(request_mod: Any, rid: str, prompt: list[int], params: Any, hasher: Optional[Any],
                 kw: dict[str, Any]) -> Any:
     """A ``Request`` built through whichever constructor the release has (its call form
-    read once: ``kvspec.targets.vllm_compat.form``). Arguments it requires and the engine
+    read once: ``kvspec.vllm.compat.form``). Arguments it requires and the engine
     has no use for (multimodal inputs, pooling, EOS, arrival time) get their empty value;
     an arrival time is passed only where required, so the scheduler's clock stays its own."""
-    from kvspec.targets.vllm_compat import form
+    from kvspec.vllm.compat import form
     f = form(request_mod.Request)
     args: dict[str, Any] = {"request_id": rid, "prompt_token_ids": prompt, "sampling_params": params,
                             "pooling_params": None, "block_hasher": hasher, **kw}

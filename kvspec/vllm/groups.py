@@ -35,7 +35,7 @@ from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
-from kvspec.targets import vllm_compat as compat
+from kvspec.vllm import compat as compat
 from kvspec.targets.base import Driver
 from kvspec.targets.v1_driver import observe_pool
 

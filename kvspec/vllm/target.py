@@ -4,7 +4,7 @@ full-attention KV-cache group (cache level), driven with upstream's own hashing
 (sha256, vLLM's default, after ``init_none_hash``) and real ``vllm.v1.request.Request``
 objects. CPU only. The heavy import (torch) happens once, in ``VllmTarget()``.
 Every release from 0.8.0 on drives: what differs between releases is detected by
-feature in ``vllm_compat`` (tools/vllm_releases.py runs them all).
+feature in ``kvspec.vllm.compat`` (tools/vllm_releases.py runs them all).
 
 What vLLM documents, and so the reference model follows:
 - freed blocks without a hash go to the front of the free queue, in order; cached
@@ -27,12 +27,12 @@ from kvspec.errors import UsageError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step, Touch
-from kvspec.targets import vllm_compat as compat
+from kvspec.vllm import compat as compat
 from kvspec.targets.base import Driver, Target, Traits
 from kvspec.targets.policies import with_policies
 from kvspec.targets.v1_driver import V1PoolDriver, observe_pool
-from kvspec.targets.vllm_compat import GROUP, MAX_MODEL_LEN  # noqa: F401  (re-exported)
-from kvspec.targets.vllm_patch import import_vllm
+from kvspec.vllm.compat import GROUP, MAX_MODEL_LEN  # noqa: F401  (re-exported)
+from kvspec.vllm.patch import import_vllm
 
 
 class Upstream(compat.Api):
@@ -198,7 +198,7 @@ class VllmTarget(Target):
         null = getattr(compat.new_pool(self.up.block_pool.BlockPool, 4, True, 2), "null_block", None) is not None
         noops = {"foreign_free", "free_unknown_request"} | ({"null_block"} if null else set())
         # The groups driver (KV-cache groups, chunked prefill, drafts, extra keys, connector
-        # tokens, max_model_len; kvspec.targets.vllm_groups) drives every release whose manager
+        # tokens, max_model_len; kvspec.vllm.groups) drives every release whose manager
         # is built from a KVCacheConfig and takes the hit as num_new_computed_tokens (0.9.0 on),
         # drawing only what the release has (compat.cache_api, by feature). 0.8.x gets the
         # one-group driver, which builds every call by feature.
@@ -216,7 +216,7 @@ class VllmTarget(Target):
         if config.level != "cache":
             return VllmPoolDriver(self.up, config)
         if self.groups:
-            from kvspec.targets.vllm_groups import VllmGroupsCacheDriver
+            from kvspec.vllm.groups import VllmGroupsCacheDriver
             return VllmGroupsCacheDriver(self.up, config, self.cache_api)
         return VllmCacheDriver(self.up, config)
 

@@ -2,7 +2,7 @@
 
 No model runs: the scheduler is built from a tiny Llama ``config.json`` written to a
 temporary folder (``skip_tokenizer_init``, so nothing is downloaded), a CPU
-``DeviceConfig``, a hand-built ``KVCacheConfig`` (``kvspec.targets.vllm_groups``) and a
+``DeviceConfig``, a hand-built ``KVCacheConfig`` (``kvspec.vllm.groups``) and a
 ``StructuredOutputManager``. Each engine step is ``schedule()`` and then
 ``update_from_output()`` with a made-up ``ModelRunnerOutput``: every scheduled request
 that reached the end of its known tokens samples the step's token.
@@ -13,7 +13,7 @@ front of the manager (``_Recorder``): each ``allocate_slots`` and ``free`` becom
 replays through the cache-level reference model.
 
 With a diff (``--patch``) the whole ``vllm.v1.core`` family, the scheduler included, is
-loaded patched (``kvspec.targets.vllm_patch``), so a diff of
+loaded patched (``kvspec.vllm.patch``), so a diff of
 ``vllm/v1/core/sched/scheduler.py`` is a scheduler under test.
 """
 from __future__ import annotations
@@ -27,12 +27,12 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from kvspec.engine import vllm_compat_engine as compat   # HOOK: older releases' API (0.9.x), see that module
+from kvspec.vllm import engine_compat as compat   # HOOK: older releases' API (0.9.x), see that module
 from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.errors import TargetError
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.targets.v1_driver import observe_pool
-from kvspec.targets.vllm_groups import build_kv_cache_config, parse_extra
+from kvspec.vllm.groups import build_kv_cache_config, parse_extra
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 VOCAB = 1000  # token ids drawn stay below it
@@ -90,7 +90,7 @@ def vllm_config(shape: EngineShape) -> Any:
     parallel = ParallelConfig()
     spec = None
     if shape.spec_tokens and shape.spec_method != "ngram":
-        from kvspec.engine.vllm_inputs import drafter_config
+        from kvspec.vllm.inputs import drafter_config
         spec = drafter_config(shape.spec_method, shape.spec_tokens, tiny_model_dir(), model, parallel)
     elif shape.spec_tokens:
         from vllm.config import SpeculativeConfig
@@ -98,7 +98,7 @@ def vllm_config(shape: EngineShape) -> Any:
                                  prompt_lookup_min=1, target_model_config=model, target_parallel_config=parallel)
     kv_transfer = {}
     if shape.connector is not None:
-        from kvspec.engine.vllm_connector import transfer_config
+        from kvspec.vllm.connector import transfer_config
         kv_transfer["kv_transfer_config"] = transfer_config(shape.connector)
     return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache, parallel_config=parallel,
                       device_config=DeviceConfig(device="cpu"), speculative_config=spec, **kv_transfer)
@@ -180,7 +180,7 @@ class VllmEngine:
         self.lookahead = int(getattr(cfg, "num_lookahead_tokens", 0) or 0)   # slots past the scheduled tokens
         hash_ahead = int(getattr(cfg, "num_hash_lookahead_tokens", 0) or 0)
         if hash_ahead:   # EAGLE: a block's hash covers the tokens after it, as the engine hashes them
-            from kvspec.engine.vllm_inputs import lookahead_hasher
+            from kvspec.vllm.inputs import lookahead_hasher
             self.hasher = lookahead_hasher(mods, shape.block_size, hash_ahead)
         self.extras: dict[str, Optional[str]] = {}
         self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them

@@ -197,7 +197,7 @@ SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunke
 
 @dataclasses.dataclass(frozen=True)
 class CacheApi:
-    """What the groups driver (``kvspec.targets.vllm_groups``) can draw on one release,
+    """What the groups driver (``kvspec.vllm.groups``) can draw on one release,
     read off its code: which group kinds it has a spec and a manager for, whether one
     manager takes several groups, and which allocate_slots/Request arguments exist."""
     kinds: frozenset            # "full", "swa", "chunked"
@@ -261,7 +261,7 @@ def _takes_three_kinds(up: Api) -> bool:
     """Whether this release's coordinator builds over full, sliding-window and chunked groups
     at once (0.11.0's "assumes exactly one other type of groups"): asked of the release itself,
     by building one small manager."""
-    from kvspec.targets.vllm_groups import build_kv_cache_config, build_manager
+    from kvspec.vllm.groups import build_kv_cache_config, build_manager
     try:
         build_manager(up.manager, build_kv_cache_config("full,swa:2,chunked:4", 6, 2, up.interface), 2, True)
     except TargetError:

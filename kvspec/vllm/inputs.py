@@ -21,7 +21,7 @@ version number, and each with the meaning the checks give it:
   order; a request that survives a step's preemptions never comes after one that was
   preempted (PRIORITY, ``kvspec.engine.checks``).
 
-- a KV connector (``Config.connector``; ``kvspec.engine.vllm_connector``, a small CPU
+- a KV connector (``Config.connector``; ``kvspec.vllm.connector``, a small CPU
   connector against the release's own ``KVConnectorBase_V1``) serving a drawn set of
   prompt prefixes: the scheduler admits a request with the connector's tokens as
   external computed tokens, which the cache-level model replays as ``Admit.external``
@@ -86,7 +86,7 @@ def _connector_pluggable() -> bool:
         fields = getattr(KVTransferConfig, "__dataclass_fields__", {}) or {}
         if "kv_connector_module_path" not in fields:
             return False
-        from kvspec.engine.vllm_connector import KvspecRemoteConnector
+        from kvspec.vllm.connector import KvspecRemoteConnector
         return not getattr(KvspecRemoteConnector, "__abstractmethods__", None)
     except Exception:
         return False
@@ -97,8 +97,8 @@ def _drafter_accepted(method: str) -> bool:
     try:
         from vllm.config import ModelConfig, ParallelConfig
 
-        from kvspec.engine import vllm_compat_engine as compat
-        from kvspec.engine.vllm_engine import tiny_model_dir
+        from kvspec.vllm import engine_compat as compat
+        from kvspec.vllm.engine import tiny_model_dir
         compat.cpu_platform()
         model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
         drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
@@ -118,6 +118,6 @@ def drafter_config(method: str, k: int, model_dir: str, target_model: Any, paral
 def lookahead_hasher(mods: dict[str, Any], block_size: int, ahead: int) -> Any:
     """vLLM's per-request block hasher whose hashes cover ``ahead`` tokens after each block
     (EAGLE's ``num_hash_lookahead_tokens``), as the engine builds its requests with it."""
-    from kvspec.targets.vllm_target import Upstream
+    from kvspec.vllm.target import Upstream
     up = Upstream(mods)
     return up.utils.get_request_block_hasher(block_size, up.hash_fn, ahead)
