@@ -75,6 +75,8 @@ FORBIDDEN = {
                     "kvspec.stateful", "kvspec.pytest_plugin", "kvspec.impl", "kvspec.kernels"},
     "kvspec.targets": {"kvspec.check", "kvspec.mc", "kvspec.corpus", "kvspec.report", "kvspec.cli",
                        "kvspec.stateful", "kvspec.pytest_plugin"},
+    "kvspec.vllm": {"kvspec.check", "kvspec.mc", "kvspec.corpus", "kvspec.report", "kvspec.cli",
+                    "kvspec.stateful", "kvspec.pytest_plugin"},
     "kvspec.errors": {"*"},
     "kvspec.patching": {"*"},
     "kvspec.impl": {"*"},
@@ -149,14 +151,16 @@ def test_module_size(mod):
 
 
 def test_every_package_says_what_it_is_for_and_may_import():
-    for pkg in ("kvspec.spec", "kvspec.targets", "kvspec.check", "kvspec.mc", "kvspec.corpus", "kvspec.report"):
+    for pkg in ("kvspec.spec", "kvspec.targets", "kvspec.check", "kvspec.mc", "kvspec.corpus", "kvspec.report",
+                "kvspec.vllm"):
         doc = ast.get_docstring(ast.parse(MODULES[pkg].read_text())) or ""
         assert "May import" in doc, pkg
 
 
 OLD_PATHS = ["kvspec.ops", "kvspec.observation", "kvspec.config", "kvspec.invariants", "kvspec.model",
              "kvspec.session", "kvspec.checker", "kvspec.minimize", "kvspec.repro", "kvspec.replay",
-             "kvspec.canonical", "kvspec.enumerate_ops", "kvspec.corpus_runner", "kvspec.report_files"]
+             "kvspec.canonical", "kvspec.enumerate_ops", "kvspec.corpus_runner", "kvspec.report_files",
+             "kvspec.targets.vllm_target", "kvspec.engine.vllm_engine"]
 
 
 @pytest.mark.parametrize("old", OLD_PATHS)

@@ -25,4 +25,7 @@ targets: kvspec's own ``impl`` and users' v1-style pools are driven through it t
 
 Nothing here is imported by the core (``spec``, ``check``, ``mc``, ``report``): they know
 vLLM only through the target interface, and importing this package does not import vLLM.
+
+May import: spec, errors, patching, targets (the target interface and the v1 driver) and
+engine (the engine protocol). Never check, mc, corpus, report, stateful or cli.
 """
