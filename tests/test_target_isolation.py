@@ -153,6 +153,25 @@ def test_a_printing_target_keeps_json_stdout_clean(tmp_path):
     assert "from the target" not in r.stdout and "from the target" not in r.stderr
 
 
+def test_a_logger_bound_while_loading_writes_to_stderr(monkeypatch):
+    """vLLM's older releases bind a StreamHandler to ``sys.stdout`` at their first import
+    and log at INFO from then on. Every target, the fixed-API ones included, is loaded
+    with stdout on stderr, so such a handler never writes into ``--json`` stdout."""
+    import logging
+
+    from kvspec.targets import registry
+
+    bound = []
+
+    def fake_load(spec, patch, api):   # stands for importing a package that sets up its logging
+        bound.append(logging.StreamHandler(sys.stdout).stream)
+        return "loaded"
+
+    monkeypatch.setattr(registry, "_load", fake_load)
+    assert registry.load_target("vllm") == "loaded"
+    assert bound == [sys.stderr]
+
+
 def test_the_target_output_is_shown_with_its_finding(tmp_path):
     f = _target_file(tmp_path, """\
         print("about to leave, seq of", len(seq))

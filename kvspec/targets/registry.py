@@ -20,11 +20,16 @@ from typing import Optional
 from kvspec.patching import PatchError
 from kvspec.targets.base import Target, TargetError
 from kvspec.targets.patched import import_patched_copy, read_patch
+from kvspec.targets.target_output import stdout_to_stderr
 
 
 def load_target(spec: str = "impl", patch: Optional[str] = None, api: Optional[str] = None) -> Target:
+    # Loading imports the target's package: what it prints then, and where its loggers are
+    # bound (vLLM's StreamHandler takes ``sys.stdout`` as it is at its first import), must
+    # land on stderr, never in a ``--json`` stdout.
     try:
-        return _load(spec, patch, api)
+        with stdout_to_stderr():
+            return _load(spec, patch, api)
     except TargetError:
         raise
     except PatchError as e:
