@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Hypothesis does with several bugs) and within --max-examples or --budget, counted over "
                         "the whole run; 1: stop at the first (default: 5, kvspec.check.search.MAX_FINDINGS)")
     c.add_argument("--jobs", type=count(1), default=1, metavar="N",
-                   help="N worker processes with seeds SEED..SEED+N-1; all stop at the first violation (budget mode; "
+                   help="N worker processes with seeds SEED..SEED+N-1, their distinct findings merged (one per signature, "
+                        "up to --max-findings; all stop once one worker holds that many) (budget mode; "
                         "capped at the CPU cores available, with a note)")
     c.add_argument("--db", default=None, metavar="DIR",
                    help="Hypothesis example database directory shared by the workers and later runs: "

@@ -1,5 +1,5 @@
-"""``kvspec check --jobs N`` and ``--db DIR`` (issue 13): workers with different seeds that
-stop at the first violation, and Hypothesis's directory database replaying a failure
+"""``kvspec check --jobs N`` and ``--db DIR`` (issue 13): workers with different seeds whose
+distinct findings are merged (with one finding asked for, all stop at the first), and Hypothesis's directory database replaying a failure
 found before. Searches are bounded by example counts (the verdicts do not depend on
 the machine); the CLI keeps --jobs/--db to budget runs."""
 from pathlib import Path
@@ -42,3 +42,19 @@ def test_a_failure_in_the_database_is_replayed_first(tmp_path):
 def test_jobs_and_db_are_budget_options(args, capsys):
     assert main(["check", *args]) == 2
     assert "--jobs" in capsys.readouterr().err
+
+
+def test_workers_report_every_distinct_bug_once(tmp_path):
+    # two independent corpus bugs in one target; each worker searches for both, and the
+    # merged report has each signature once (two workers that found one bug: one finding)
+    import json
+    bugs = ("cache_no_index", "append_n_no_count")
+    expected = {b["id"]: b["invariants"][0] for b in json.loads((CORPUS / "bugs.json").read_text()) if b["invariants"]}
+    patch = tmp_path / "two.diff"
+    patch.write_text("".join((CORPUS / f"{b}.diff").read_text() for b in bugs))
+    t = load_target("impl", patch=str(patch))
+    report = run_jobs(t, "impl", 2, level="pool", seed=0, max_examples=300, max_findings=5,
+                      report_dir=str(tmp_path))
+    sigs = [f.signature for f in report.violations]
+    assert len(sigs) >= 2 and len(set(sigs)) == len(sigs)
+    assert {f.invariant for f in report.violations} >= {expected[b] for b in bugs}

@@ -1,11 +1,13 @@
 """``kvspec check --jobs N``: N worker processes search with different seeds (``seed``,
-``seed + 1``, ...) and all stop at the first violation any of them finds.
+``seed + 1``, ...), each for every distinct finding (``--max-findings``) as one run does.
 
 Workers are forked, so the target (already loaded and patched) needs no pickling; each
 runs ``run_check`` with a ``stop`` callback reading one shared event, which a worker
-sets as soon as it has a violation (before minimizing it). The parent sums the
-examples and steps and keeps the first worker's findings (by worker order among those
-that found one, so the report names one repro). With ``--db DIR`` the workers share
+sets once it holds ``max_findings`` findings (with the default of one finding that is
+its first: all stop at the first violation any of them finds). The parent sums the
+examples and steps and merges the findings in worker order, one per signature
+(``kvspec.spec.violation.signature``), up to ``max_findings``: two workers that found
+the same bug report it once, with the first worker's repro. With ``--db DIR`` the workers share
 Hypothesis's ``DirectoryBasedExampleDatabase`` (safe between processes): a failure
 found by one is replayed first by every later run pointed at the same directory.
 """
@@ -35,12 +37,23 @@ def _worker(i: int, target: Target, spec: str, kw: dict, found: Any, out: Any) -
     signal.signal(signal.SIGINT, raise_interrupted)
     try:
         report = run_check(target, spec, seed=kw["seed"] + i, stop=stop, **{k: v for k, v in kw.items() if k != "seed"})
-        if report.violations:
+        if len(report.violations) >= kw.get("max_findings", 1):
             found.set()
         out.put((i, report, None))
     except BaseException as e:  # reported by the parent, in one line
         found.set()
         out.put((i, None, f"{type(e).__name__}: {e}"))
+
+
+def distinct_findings(reports: list[CheckReport], limit: int) -> list:
+    """The workers' findings in worker order, one per signature, at most ``limit``."""
+    out, seen = [], set()
+    for r in reports:
+        for f in r.violations:
+            if f.signature not in seen and len(out) < limit:
+                seen.add(f.signature)
+                out.append(f)
+    return out
 
 
 def run_jobs(target: Target, spec: str, jobs: int, **kw: Any) -> CheckReport:
@@ -83,9 +96,9 @@ def run_jobs(target: Target, spec: str, jobs: int, **kw: Any) -> CheckReport:
         raise TargetError("kvspec check --jobs: every worker failed: " + "; ".join(errors))
     first = next((results[i] for i in sorted(results) if results[i].violations), results[min(results)])
     merged = CheckReport(spec, first.patch, first.levels, first.misuse, kw.get("seed", 0), first.budget,
-                         violations=first.violations, robustness=[f for i in sorted(results)
-                                                                  for f in results[i].robustness],
-                         max_examples=first.max_examples)
+                         violations=distinct_findings([results[i] for i in sorted(results)], kw.get("max_findings", 1)),
+                         robustness=[f for i in sorted(results) for f in results[i].robustness],
+                         max_examples=first.max_examples, max_findings=kw.get("max_findings", 1))
     merged.examples = sum(r.examples for r in results.values())
     merged.steps = sum(r.steps for r in results.values())
     merged.seconds = time.monotonic() - start
