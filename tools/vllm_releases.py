@@ -40,24 +40,14 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout without installing
+from kvspec.vllm.history import (KNOWN_CHANGES, POLICY_HISTORY, annotate, attribute, in_range,  # noqa: E402,F401
+                                 label, version_key)
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KVSPEC_VLLM_RELEASES", Path.home() / ".cache" / "kvspec" / "vllm-releases"))
 MARK = "vllm/v1/core/block_pool.py"
 BINARY = re.compile(r"\.(so(\.\d+)*|pyd|dll|dylib|cubin|fatbin|a)$")
-
-
-def version_key(v: str) -> tuple:
-    """0.8.5.post1 sorts after 0.8.5 and before 0.9.0."""
-    parts: list[Any] = []
-    for p in v.split("."):
-        m = re.match(r"(\d+)(?:post(\d+))?$", p)
-        if m and m.group(2) is not None:
-            parts += [int(m.group(1)), 0.5, int(m.group(2))]
-        elif m:
-            parts.append(int(m.group(1)))
-        else:  # "post1" as its own component
-            parts += [0.5, int(re.sub(r"\D", "", p) or 0)]
-    return tuple(parts)
 
 
 def pypi_versions() -> list[str]:
@@ -169,20 +159,6 @@ def env_for(version: str, cache: Path = CACHE, policies: str = "") -> dict[str, 
 # then-documented policies; a second pass declares them (KVSPEC_VLLM_POLICIES) so that a
 # policy difference does not hide everything behind it. (first release with it, first
 # without it, declaration, why) -- read off the released sources and upstream's history.
-POLICY_HISTORY = (
-    ("0.8.0", "0.24.0", "unhashed_free_first=false",
-     "free_blocks appended every freed block to the tail, hashed or not, until #42656 "
-     "(\"Apply LRU policy only to proper cache entries\") put unhashed blocks at the front (0.24.0)"),
-    ("0.8.0", "0.9.0", 'free_order="fifo"',
-     "with prefix caching off, KVCacheManager.free released a request's blocks head first "
-     "(reversed only with caching on) until the single-type manager of 0.9.0"),
-)
-
-
-def in_range(version: str, first: str, until: str) -> bool:
-    return version_key(first) <= version_key(version) < version_key(until)
-
-
 ENGINE_PASS = "engine level"
 ENGINE_EXAMPLES = 60   # the engine pass's default --max-examples (an example runs the real scheduler)
 
@@ -211,74 +187,6 @@ def passes_for(version: str, engine: bool = False) -> list[tuple[str, str, str]]
 def engine_ok(features: dict) -> bool:
     """Whether the probe built this release's engine (its v1 Scheduler on the CPU)."""
     return features.get("engine") == "yes"
-
-
-# -- upstream changes a finding is matched to -----------------------------------------------
-# (first release affected, first release fixed, invariant, caching mode or None, text);
-# optionally also (level or None, a regex on the finding's message). The list of shipped
-# bugs and how each range was read off the releases' code: reports/vllm-history.md.
-KNOWN_CHANGES = (
-    ("0.27.0", "0.28.0", "EVICTION_ORDER", False,
-     "regression: with prefix caching off, free_blocks appends freed blocks, so the most recently "
-     "freed is reused last. Introduced by vllm-project/vllm#48017 (\"Skip LRU hash-split in free_blocks "
-     "when prefix caching is off\", merged 2026-07-08, described as a no-op); fixed by "
-     "vllm-project/vllm#51482 (\"free_blocks: restore prepend (LIFO) reuse order when prefix caching is "
-     "off\", merged 2026-08-08), first released in 0.28.0"),
-    ("0.8.0", "0.24.0", "EVICTION_ORDER", None,
-     "policy of its time, not a bug: freed blocks without a hash went to the tail like cached ones; "
-     "vLLM's current order (unhashed first) came with vllm-project/vllm#42656 (\"Apply LRU policy only "
-     "to proper cache entries\", merged 2026-05-14), first released in 0.24.0"),
-    ("0.9.0", "0.9.1", "NO_CRASH", True,
-     "vllm-project/vllm#19459: find_longest_cache_hit indexes block_hashes[i] past a stale "
-     "req_to_block_hashes after preemption with speculative decoding (IndexError); 0.9.1 iterates with zip",
-     "engine", r"IndexError"),
-    ("0.9.0", "0.11.0", "NO_CRASH", True,
-     "cache_full_blocks asserts the previous block's hash, which a sliding window has already replaced "
-     "by the null block (AssertionError); gone in 0.11.0, where the hashes come from the Request. Not on "
-     "vLLM's tracker; reachable only with a window of about one block",
-     "cache", r"AssertionError"),
-    ("0.9.0", "0.19.0", "HASH_CHAIN", True,
-     "a multimodal input's extra key is its hash without its offset in the block: the same item at another "
-     "offset over the same tokens gets the same block hash; fixed by vllm-project/vllm#36708 (\"disambiguate "
-     "multimodal prefix cache keys\", merged 2026-03-10), first read fixed in 0.19.0 (0.18.x not read)",
-     "cache", r"extra keys \(.*\(\('"),
-)
-
-
-def _change_matches(change: tuple, version: str, finding: dict) -> bool:
-    first, until, inv, mode = change[:4]
-    level, pattern = (change[5], change[6]) if len(change) > 5 else (None, None)
-    caching = (finding.get("config") or {}).get("caching")
-    return (finding.get("invariant") == inv and in_range(version, first, until)
-            and (mode is None or caching == mode) and (level is None or finding.get("level") == level)
-            and (pattern is None or re.search(pattern, finding.get("message") or "") is not None))
-
-
-def attribute(version: str, finding: dict, policies: str) -> str:
-    for change in KNOWN_CHANGES:
-        if not _change_matches(change, version, finding):
-            continue
-        text = change[4]
-        if policies and "unhashed_free_first=false" in policies and "policy of its time" in text:
-            continue  # the pass that declares that policy: not explained by it
-        return text
-    return ""
-
-
-def label(finding: dict) -> str:
-    """The sweep's label of a finding: "policy" where it is matched to a policy of the
-    release's time (declared in that release's second pass), "bug" otherwise (kvspec's own
-    hint label, where it set one, is kept)."""
-    if finding.get("label"):
-        return finding["label"]
-    return "policy" if "policy of its time" in (finding.get("upstream") or "") else "bug"
-
-
-def annotate(version: str, result: dict, policies: str) -> None:
-    """Each finding of one pass matched to its upstream change and labelled."""
-    for f in result.get("violations", []) + result.get("robustness", []):
-        f["upstream"] = attribute(version, f, policies)
-        f["label"] = label(f)
 
 
 # -- running one release ------------------------------------------------------------------

@@ -18,6 +18,8 @@ Read top to bottom:
                    connector), detected on the release by feature
     connector      a small CPU KV connector written against the release's own connector
                    interface
+    history        the policies of each release's time and the shipped bugs a finding on a
+                   release is matched to (the release sweep's labels)
 
 The release sweep that runs all of it over every release is ``tools/vllm_releases.py``.
 The shared vLLM-v1-shaped pool driver (``kvspec.targets.v1_driver``) stays with the

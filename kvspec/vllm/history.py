@@ -1,0 +1,130 @@
+"""What changed in vLLM's driven KV-cache code from release to release, as far as a finding
+needs to know: the policies of each release's time, and the upstream changes (shipped bugs
+and their fixes) a finding on a release is matched to.
+
+A finding on an old release is one of three things. A *policy of its time* (vLLM documented
+another free order then): the release sweep declares it in that release's second pass
+(``POLICY_HISTORY``, the same keys as ``[tool.kvspec]``) so the search goes past it. A
+*known upstream change*: a bug vLLM shipped and later fixed, matched by invariant, release
+range, caching mode, level and the finding's message or code location (``KNOWN_CHANGES``),
+so the report names its PR. Anything else is labelled a bug, to be read.
+
+The list of shipped bugs, and how each release range was read off the releases' own code,
+is ``reports/vllm-history.md``; the sweep is ``tools/vllm_releases.py``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Optional
+
+
+def version_key(v: str) -> tuple:
+    """0.8.5.post1 sorts after 0.8.5 and before 0.9.0."""
+    parts: list[Any] = []
+    for p in v.split("."):
+        m = re.match(r"(\d+)(?:post(\d+))?$", p)
+        if m and m.group(2) is not None:
+            parts += [int(m.group(1)), 0.5, int(m.group(2))]
+        elif m:
+            parts.append(int(m.group(1)))
+        else:  # "post1" as its own component
+            parts += [0.5, int(re.sub(r"\D", "", p) or 0)]
+    return tuple(parts)
+
+
+def in_range(version: str, first: str, until: str) -> bool:
+    return version_key(first) <= version_key(version) < version_key(until)
+
+
+# (first release, first release without it, declaration, what it was)
+POLICY_HISTORY = (
+    ("0.8.0", "0.24.0", "unhashed_free_first=false",
+     "free_blocks appended every freed block to the tail, hashed or not, until #42656 "
+     "(\"Apply LRU policy only to proper cache entries\") put unhashed blocks at the front (0.24.0)"),
+    ("0.8.0", "0.9.0", 'free_order="fifo"',
+     "with prefix caching off, KVCacheManager.free released a request's blocks head first "
+     "(reversed only with caching on) until the single-type manager of 0.9.0"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """An upstream change a finding is matched to: every given field must match."""
+    first: str                     # first release affected
+    until: str                     # first release without it
+    invariant: str
+    caching: Optional[bool]        # the finding's caching mode, or None: either
+    text: str                      # what the report says (PRs, releases)
+    level: Optional[str] = None    # "pool", "cache", "engine", or None: any
+    message: Optional[str] = None  # a regex the finding's message must contain
+    where: Optional[str] = None    # a regex its code location / key part must contain
+
+    @property
+    def policy(self) -> bool:
+        return "policy of its time" in self.text
+
+    def matches(self, version: str, finding: dict) -> bool:
+        caching = (finding.get("config") or {}).get("caching")
+        return (finding.get("invariant") == self.invariant and in_range(version, self.first, self.until)
+                and (self.caching is None or caching == self.caching)
+                and (self.level is None or finding.get("level") == self.level)
+                and (self.message is None or re.search(self.message, finding.get("message") or "") is not None)
+                and (self.where is None or re.search(self.where, finding.get("where") or "") is not None))
+
+
+KNOWN_CHANGES = (
+    Change("0.27.0", "0.28.0", "EVICTION_ORDER", False,
+           "regression: with prefix caching off, free_blocks appends freed blocks, so the most recently "
+           "freed is reused last. Introduced by vllm-project/vllm#48017 (\"Skip LRU hash-split in free_blocks "
+           "when prefix caching is off\", merged 2026-07-08, described as a no-op); fixed by "
+           "vllm-project/vllm#51482 (\"free_blocks: restore prepend (LIFO) reuse order when prefix caching is "
+           "off\", merged 2026-08-08), first released in 0.28.0"),
+    Change("0.8.0", "0.24.0", "EVICTION_ORDER", None,
+           "policy of its time, not a bug: freed blocks without a hash went to the tail like cached ones; "
+           "vLLM's current order (unhashed first) came with vllm-project/vllm#42656 (\"Apply LRU policy only "
+           "to proper cache entries\", merged 2026-05-14), first released in 0.24.0"),
+    Change("0.9.0", "0.9.1", "NO_CRASH", True,
+           "vllm-project/vllm#19459: find_longest_cache_hit indexes block_hashes[i] past a stale "
+           "req_to_block_hashes after preemption with speculative decoding (IndexError); 0.9.1 iterates with zip",
+           level="engine", message=r"IndexError"),
+    Change("0.9.0", "0.11.0", "NO_CRASH", True,
+           "cache_full_blocks asserts the previous block's hash, which a sliding window has already replaced "
+           "by the null block (AssertionError); gone in 0.11.0, where the hashes come from the Request. Not on "
+           "vLLM's tracker; reachable only with a window of about one block (fix: "
+           "reports/upstream_fixes/vllm_0.9.0_swa_parent_hash.diff)",
+           level="cache", message=r"AssertionError"),
+    Change("0.9.0", "0.19.0", "HASH_CHAIN", True,
+           "a multimodal input's extra key is its hash without its offset in the block: the same item at another "
+           "offset over the same tokens gets the same block hash; fixed by vllm-project/vllm#36708 (\"disambiguate "
+           "multimodal prefix cache keys\", merged 2026-03-10), first read fixed in 0.19.0 (0.18.x not read)",
+           level="cache", message=r"extra keys \(.*\(\('"),
+)
+
+
+def attribute(version: str, finding: dict, policies: str) -> str:
+    """The upstream change that explains ``finding`` on ``version``, or "" (then it is read as a bug).
+    A policy of its time does not explain a finding of the pass that declares that policy."""
+    for change in KNOWN_CHANGES:
+        if not change.matches(version, finding):
+            continue
+        if change.policy and policies and "unhashed_free_first=false" in policies:
+            continue
+        return change.text
+    return ""
+
+
+def label(finding: dict) -> str:
+    """The sweep's label of a finding: "policy" where it is matched to a policy of the
+    release's time (declared in that release's second pass), "bug" otherwise (kvspec's own
+    hint label, where it set one, is kept)."""
+    if finding.get("label"):
+        return finding["label"]
+    return "policy" if "policy of its time" in (finding.get("upstream") or "") else "bug"
+
+
+def annotate(version: str, result: dict, policies: str) -> None:
+    """Each finding of one pass matched to its upstream change and labelled."""
+    for f in result.get("violations", []) + result.get("robustness", []):
+        f["upstream"] = attribute(version, f, policies)
+        f["label"] = label(f)
