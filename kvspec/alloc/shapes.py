@@ -10,7 +10,9 @@ Two shapes (issue 31), each a set of roles kvspec fills with the class's own met
   ``free_sequence(seq_id)`` and the table, ``get_block_table(seq_id)`` (or a dict
   attribute ``seq_id -> [block ids]``); optional ``can_allocate(n_tokens)`` /
   ``can_append(seq_id)`` and a free count. Driven at the cache level (``Admit``/``Step``/
-  ``Finish``), prefix caching off.
+  ``Finish``), prefix caching off. Optional copy-on-write: ``fork(parent_id, child_id)``
+  sharing every block, with ``append_slot(s)`` returning the copies (src, dst) it asks
+  for; kvspec probes it after each admission and step (``kvspec.alloc.cow``).
 
 A role is filled by the first of its candidate names the class has whose signature takes
 kvspec's call (``inspect.Signature.bind``): the mapping is bound to the signatures at load,
@@ -38,7 +40,8 @@ SHARE = ("incref", "inc_ref", "increase_ref", "increment_ref", "add_ref", "retai
 SEQUENCE_ROLES: dict[str, tuple[str, ...]] = {
     "allocate_sequence": ("allocate_sequence", "allocate_seq", "alloc_sequence", "add_sequence", "allocate_for",
                           "allocate_request", "add_request", "allocate", "alloc"),
-    "append_token": ("append_token", "append_slot", "append", "append_tokens", "add_token", "grow", "extend"),
+    "append_token": ("append_token", "append_slot", "append_slots", "append", "append_tokens", "add_token", "grow",
+                     "extend"),
     "free_sequence": ("free_sequence", "free_seq", "release_sequence", "remove_sequence", "free_request",
                       "release_request", "free", "release", "deallocate"),
 }
@@ -47,6 +50,9 @@ TABLE_METHODS = ("get_block_table", "block_table", "get_blocks", "get_table", "b
 TABLE_FIELDS = ("block_tables", "tables", "seq_blocks", "seq_to_blocks", "sequences", "seqs", "block_table",
                 "seq_block_tables", "request_blocks", "req_to_blocks", "allocations")
 CAN_ALLOCATE = ("can_allocate", "can_alloc", "has_free", "can_allocate_blocks")
+# copy-on-write: the child shares every block of the parent (one holder more each)
+FORK = ("fork", "fork_sequence", "fork_seq", "fork_request", "fork_req", "clone_sequence", "clone_seq",
+        "copy_sequence", "share_sequence", "clone")
 CAN_APPEND = ("can_append", "can_append_token", "can_append_slot", "can_grow")
 FREE_COUNT = ("num_free", "get_num_free_blocks", "num_free_blocks", "free_count", "get_free_count",
               "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count",
@@ -65,7 +71,7 @@ REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_
 NUM_BLOCKS_PARAMS = ("num_blocks", "n_blocks", "num_gpu_blocks", "total_blocks", "num_total_blocks", "capacity",
                      "num_pages", "n_pages", "size", "max_blocks", "pool_size", "blocks", "num_kv_blocks")
 BLOCK_SIZE_PARAMS = ("block_size", "page_size", "tokens_per_block", "kv_block_size", "kvcache_block_size")
-ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append",
+ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append", "fork",
                                                                "num_free", "free_ids", "ref_counts", "share")
 _SINGLE_ID = ("block_id", "block", "id", "idx", "bid", "page", "page_id", "index", "b")
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -97,6 +103,9 @@ class AllocMap:
                                                            else "[seq_id]")]
         if self.shape == FREE_LIST and m.get("share"):
             parts.append(f"Touch(ids) -> {c}.{m['share']}(" + ("id) per id" if self.per_id.get("share") else "ids)"))
+        if self.shape == SEQUENCE and m.get("fork"):
+            parts.append(f"fork <- {c}.{m['fork']}(parent_id, child_id) (copy-on-write: probed after each admission "
+                         f"and step)")
         for role, shown in (("can_allocate", "can_allocate"), ("can_append", "can_append"), ("num_free", "free count"),
                             ("free_ids", "free list"), ("ref_counts", "ref counts")):
             if m.get(role):
@@ -205,7 +214,8 @@ def _infer_sequence(cls: type) -> Optional[AllocMap]:
         return None
     methods = {"allocate_sequence": alloc, "append_token": append, "free_sequence": free, "block_table": table,
                "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
-               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls),
+               "fork": _first(cls, FORK, (2,), {alloc, append, free})}
     return AllocMap(SEQUENCE, methods)
 
 
@@ -223,7 +233,8 @@ def _infer_add_and_grow(cls: type) -> Optional[AllocMap]:
     methods = {"allocate_sequence": add, "append_token": grow, "free_sequence": free,
                "block_table": _first(cls, TABLE_METHODS, (1,), {add, grow, free}),
                "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
-               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls),
+               "fork": _first(cls, FORK, (2,), {add, grow, free})}
     return AllocMap(SEQUENCE, methods, {"add_then_grow": True, "grow_by_one": len(required(cls, grow)) == 2})
 
 

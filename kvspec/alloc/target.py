@@ -95,7 +95,8 @@ def _calls(amap: AllocMap) -> list:
            Call(m["append_token"], ("seq_id: int", "n_tokens: int") if grow else ("seq_id: int",),
                 "anything; None/False: refused"),
            Call(m["free_sequence"], ("seq_id: int",), "None")]
-    for role, args in (("can_allocate", ("n_tokens: int",)), ("can_append", ("seq_id: int",))):
+    for role, args in (("can_allocate", ("n_tokens: int",)), ("can_append", ("seq_id: int",)),
+                       ("fork", ("parent_id: int", "child_id: int"))):
         if m.get(role):
             out.append(Call(m[role], args, "bool"))
     return out
@@ -129,13 +130,12 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
                         misuse_errors=(Exception,), levels=("pool",), prefix_caching="off", free_order="any",
                         unsupported_ops=unsupported, declaration=declaration)
         return FreeListTarget(spec, traits, make_fn, amap, reserved)
-    from kvspec.alloc.seq_manager import front_class
+    from kvspec.alloc.seq_manager import SequenceTarget, front_class
     from kvspec.targets.nano_sequence import Sequence
-    from kvspec.targets.nanovllm_target import NanoTarget
     traits = Traits(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
                     documented_noops=frozenset({"free_unknown_request"}), prefix_caching="off", free_order="any",
                     declaration=declaration)
-    target = NanoTarget(front_class(cls, amap, make_fn), Sequence, spec, traits, source=source)
+    target = SequenceTarget(front_class(cls, amap, make_fn), Sequence, spec, traits, source=source)
     target.caching_support = "off"  # the front has no prefix index, whatever its observation hook implies
     target.check_internals()
     target.api_shape = SEQUENCE
