@@ -92,9 +92,10 @@ def _calls(amap: AllocMap) -> list:
     grow = amap.per_id.get("add_then_grow")
     out = [Call(m["allocate_sequence"], ("seq_id: int",) if grow else ("seq_id: int", "n_tokens: int"),
                 "anything; None/False: refused"),
-           Call(m["append_token"], ("seq_id: int", "n_tokens: int") if grow else ("seq_id: int",),
-                "anything; None/False: refused"),
            Call(m["free_sequence"], ("seq_id: int",), "None")]
+    if m.get("append_token"):
+        out.append(Call(m["append_token"], ("seq_id: int", "n_tokens: int") if grow else ("seq_id: int",),
+                        "anything; None/False: refused"))
     for role, args in (("can_allocate", ("n_tokens: int",)), ("can_append", ("seq_id: int",)),
                        ("fork", ("parent_id: int", "child_id: int"))):
         if m.get(role):
@@ -134,7 +135,8 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
     from kvspec.targets.nano_sequence import Sequence
     traits = Traits(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
                     documented_noops=frozenset({"free_unknown_request"}), prefix_caching="off", free_order="any",
-                    declaration=declaration)
+                    declaration=declaration,
+                    unsupported_ops=frozenset({"Step"}) if amap.per_id.get("no_append") else frozenset())
     target = SequenceTarget(front_class(cls, amap, make_fn), Sequence, spec, traits, source=source)
     target.caching_support = "off"  # the front has no prefix index, whatever its observation hook implies
     target.check_internals()
