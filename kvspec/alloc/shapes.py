@@ -222,7 +222,7 @@ def _infer_free_list(cls: type) -> Optional[AllocMap]:
         alloc = None
     if alloc is None:
         alloc = _first(cls, FREE_LIST_ROLES["allocate"], (0,), set())
-        per_alloc = alloc is not None
+        per_alloc = alloc is not None and not _optional_count(cls, alloc)  # allocate(num_blocks=1): called with n
     free = _first(cls, FREE_LIST_ROLES["free"], (1,), {alloc})
     if alloc is None or free is None:
         return None
@@ -232,6 +232,14 @@ def _infer_free_list(cls: type) -> Optional[AllocMap]:
                "num_free": _counter(cls), "share": share}
     return AllocMap(FREE_LIST, methods, {"allocate": per_alloc, "free": per_free,
                                          "share": bool(share) and one_id(required(cls, share)[0])})
+
+
+def _optional_count(cls: type, name: str) -> bool:
+    """Whether ``cls.name``'s first parameter is an optional count of blocks (``num_blocks=1``)."""
+    sig = _sig(getattr(cls, name))
+    params = [p for p in (sig.parameters.values() if sig else ()) if p.name not in ("self", "cls")]
+    return bool(params) and params[0].kind in _POSITIONAL and params[0].default is not params[0].empty and \
+        params[0].name in ("n", "num", "count", "k", "size", "num_blocks", "n_blocks", "num_pages", "n_pages")
 
 
 def _infer_sequence(cls: type) -> Optional[AllocMap]:

@@ -61,6 +61,11 @@ def mapping_for(cls: type, source: Optional[Path]) -> Optional[AllocMap]:
 def refusal(spec: str, cls: type, why: str, source: Optional[Path]) -> TargetError:
     """The one-line refusal; the proposed declaration goes to stderr first."""
     lines = propose(cls)
+    trie = [n for n in ("match_prefix", "insert", "evict", "evict_lru", "cache_blocks") if callable(getattr(cls, n, None))]
+    if lines is None and "match_prefix" in trie:
+        return TargetError(f"{why}; it is a prefix cache ({', '.join(f'{n}()' for n in trie)}) without an allocator "
+                           f"of its own: kvspec checks the allocator that hands out its blocks (allocate(n)/free(ids), "
+                           f"kvspec api allocator), and does not drive trie prefix caches yet")
     if lines is None:
         return TargetError(f"{why}; nor does it have an allocator API kvspec recognizes (allocate(n)/free(ids), "
                            f"or allocate_sequence(seq_id, n_tokens)/append_token(seq_id)/free_sequence(seq_id): "
