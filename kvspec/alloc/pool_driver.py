@@ -10,7 +10,8 @@ the like; else the free list's length). The pool model then checks what any bloc
 allocator promises: handed-out ids distinct, free and not held (EVICTION_ORDER under
 free order "any", ACCOUNTING), a free returns exactly what was held and the count is true
 (ACCOUNTING, I1), nothing leaks (I1, NO_LEAK), a refusal changes nothing (ATOMIC_REJECT,
-with --misuse).
+with --misuse). Where it owns KV tensors, each held block still reads what was written into
+it when it was handed out (KV_INTEGRITY, ``kvspec.alloc.kv_tensors``).
 
 A refusal is an exception, or a ``None``/``False``/empty return for a positive count:
 kvspec raises ``Refused`` for the latter, so a refusal is one thing to the checks."""
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Mapping
 
+from kvspec.alloc.kv_tensors import KVShadow, find as find_kv
 from kvspec.alloc.shapes import ID_FIELDS, AllocMap, is_object
 from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation
@@ -81,6 +83,7 @@ class FreeListDriver(Driver):
             raise TargetError("a free-list allocator is checked at the pool level: use --level pool")
         self.amap, self.n, self.reserved = amap, config.num_blocks, reserved
         self.alloc = make(config.num_blocks, config.block_size)
+        self.kv = KVShadow(find_kv(self.alloc, config.num_blocks, config.block_size))  # KV tensors it owns
         self.holds: Counter = Counter()
         self.objs: dict = {}  # id -> the block object handed out, for allocators that hand out objects
         m = amap.methods
@@ -98,11 +101,11 @@ class FreeListDriver(Driver):
                                   f"a block twice is refused before any call")
                 for b in op.blocks:
                     self._free(self.objs.get(b, b))
-                    self.holds[b] -= 1
+                    self._release(b)
             else:
                 self._free([self.objs.get(b, b) for b in op.blocks])
                 for b in op.blocks:
-                    self.holds[b] -= 1
+                    self._release(b)
             return None
         if isinstance(op, Touch) and self.amap.get("share"):  # one holder more for each (ref counts)
             share = getattr(self.alloc, self.amap.methods["share"])
@@ -154,7 +157,14 @@ class FreeListDriver(Driver):
                 raise Refused(f"{self.amap.get('allocate')}({n}) returned no blocks")
         for b in got:
             self.holds[b] += 1
+            if self.kv:
+                self.kv.write(b, None, f"the Alloc({n}) that took it")
         return tuple(got)
+
+    def _release(self, b: int) -> None:
+        self.holds[b] -= 1
+        if self.holds[b] <= 0 and self.kv:
+            self.kv.forget(b)  # its KV is no one's now
 
     def _give_back(self, got: list) -> None:
         """Free what a one-at-a-time allocation took before it was refused, as a caller would."""
@@ -183,7 +193,7 @@ class FreeListDriver(Driver):
         null = min(self.reserved) if self.reserved else None
         blocks = tuple(BlockState(int(refs[b]), None, b in free_set) for b in range(self.n))
         return Observation(blocks=blocks, queue=tuple(queue), index={}, free_count=count, null_block=null,
-                           queue_problems=tuple(problems))
+                           queue_problems=tuple(problems), found=tuple(self.kv.problems()) if self.kv else ())
 
     def _free_ids(self) -> list:
         if self.amap.get("free_ids"):

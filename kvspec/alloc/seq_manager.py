@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Callable, Optional
 
 from kvspec.alloc.cow import ForkProbe
+from kvspec.alloc.kv_tensors import KVShadow, find as find_kv
 from kvspec.alloc.pool_driver import as_ids, read_free
 from kvspec.alloc.shapes import AllocMap, returns_value
 from kvspec.spec.config import Config
@@ -55,6 +56,8 @@ class SequenceFront:
         # copy-on-write append returns its copies, None where there are none
         self._none_refuses = {r: returns_value(type(self.inner), m.get(r)) for r in ("allocate_sequence", "append_token")}
         self.length: dict[int, int] = {}  # seq id -> the tokens the allocator was told of
+        self.kv = KVShadow(find_kv(self.inner, num_blocks, self.block_size))  # the KV tensors it owns, if any
+        self.written: dict[int, int] = {}  # seq id -> tokens whose KV kvspec wrote
         self.probe = None
         if self._m.get("fork") is not None:
             self._none_refuses["append_token"] = False
@@ -125,6 +128,7 @@ class SequenceFront:
             self.live[sid] = seq
         seq.block_table = self._table(sid)
         seq.num_cached_tokens = 0
+        self._write_kv(sid, seq.block_table)
         self._probe(sid)
 
     def can_append(self, seq: Any) -> bool:
@@ -149,7 +153,17 @@ class SequenceFront:
                                      f"{self._amap.get('can_append')} said it fits")
             self.length[sid] = self.length.get(sid, 0) + 1
         seq.block_table = self._table(sid)
+        self._write_kv(sid, seq.block_table)
         self._probe(sid)
+
+    def _write_kv(self, sid: int, table: list) -> None:
+        """The KV of its new tokens, into the slots its table gives them (KV tensors it owns)."""
+        if not self.kv:
+            return
+        for p in range(self.written.get(sid, 0), self.length.get(sid, 0)):
+            if p // self.block_size < len(table):
+                self.kv.write(table[p // self.block_size], p % self.block_size, f"sequence {sid} (token {p})")
+        self.written[sid] = self.length.get(sid, 0)
 
     def _probe(self, sid: int) -> None:
         """Copy-on-write, where the allocator forks (``kvspec.alloc.cow``)."""
@@ -158,7 +172,8 @@ class SequenceFront:
 
     def kvspec_found(self) -> list:
         """What the probes found: (invariant, message), reported by the step that ran them."""
-        return list(self.probe.found) if self.probe is not None else []
+        found = list(self.probe.found) if self.probe is not None else []
+        return found + (self.kv.problems() if self.kv else [])
 
     def _append(self, sid: int) -> Any:
         if self._amap.per_id.get("grow_by_one"):
@@ -171,6 +186,11 @@ class SequenceFront:
             self._m["free_sequence"](sid)
             del self.live[sid]
             self.length.pop(sid, None)
+            self.written.pop(sid, None)
+            if self.kv:  # its slots are no one's now; the others' stay
+                self.kv.forget_where({(b, p % self.block_size) for s in self.live
+                                      for p, b in ((p, self._table(s)[p // self.block_size])
+                                                   for p in range(self.written.get(s, 0)))})
         seq.block_table = []
         seq.num_cached_tokens = 0
 

@@ -126,7 +126,10 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
         raise TargetError(f"target {spec}: {cls.__name__} is a sequence-keyed allocator, but kvspec finds no block "
                           f"table (a get_block_table(seq_id) method or a dict attribute seq_id -> block ids): "
                           f"declare block_table in [tool.kvspec.alloc] (kvspec api allocator)")
-    shown = amap.describe(cls) + f"; built as {how}"
+    from kvspec.alloc.kv_tensors import find as find_kv
+    kv = [name for name, _, _ in find_kv(probe, 8, 2)]
+    shown = amap.describe(cls) + (f", KV tensors <- {', '.join(f'{cls.__name__}.{n}' for n in kv)} (written into and "
+                                  f"read back: KV_INTEGRITY)" if kv else "") + f"; built as {how}"
     print(f"kvspec: note: {spec}: {shown}", file=sys.stderr)
     declaration = f"{'none: ' if amap.where == 'inferred' else ''}allocator API {shown}"
     if amap.shape == FREE_LIST:
