@@ -74,7 +74,10 @@ def read_free(value: Any) -> list:
         return sorted(as_ids(list(value)))
     if isinstance(value, Mapping):
         return as_ids(list(value.keys()))
-    return as_ids(list(value))
+    items = list(value)
+    if items and all(type(x) is bool for x in items):  # a mask, True = free
+        return [i for i, free in enumerate(items) if free]
+    return as_ids(items)
 
 
 class FreeListDriver(Driver):

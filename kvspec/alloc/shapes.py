@@ -320,8 +320,9 @@ def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
     if not amap.get("free_ids"):
         for name in FREE_FIELDS + tuple(k for k in attrs if "free" in k.lower() and k not in FREE_FIELDS):
             v = attrs.get(name)
-            if v is not None and not isinstance(v, (str, bytes, int)) and hasattr(v, "__len__") and ints(v) \
-                    and len(v) <= num_blocks and not callable(v):
+            mask = isinstance(v, list) and len(v) == num_blocks and v and all(type(x) is bool for x in v)
+            if v is not None and not isinstance(v, (str, bytes, int)) and hasattr(v, "__len__") and (
+                    ints(v) and len(v) <= num_blocks or mask) and not callable(v):
                 amap.methods["free_ids"] = name
                 break
     if not amap.get("num_free"):  # a counter kept as a plain int attribute
