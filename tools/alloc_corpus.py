@@ -3,7 +3,11 @@ allocator run as a stranger would (``kvspec check --target FILE:CLASS``, nothing
 from the corpus directory), then the refused ones once more after pasting the declaration
 kvspec proposed into a pyproject.toml next to a copy. Prints one row per allocator and the
 totals: checked on the first run, checked after the paste, first-run findings that are the
-bug the file names (``BUG:`` in its docstring)."""
+bug the file names (``BUG:`` in its docstring).
+
+``--checkout DIR FILE:CLASS...`` runs real allocators the same way from a fetched
+checkout's root (the proposed declaration pasted into a pyproject.toml next to the file,
+removed again), one row each, for reports/field.md."""
 from __future__ import annotations
 
 import argparse
@@ -34,11 +38,43 @@ def _proposal(stderr: str) -> list[str]:
     return [] if start is None else [x[4:] for x in lines[start + 1:] if x.startswith("    ")]
 
 
+def checkout(root: Path, specs: list[str], n: int, misuse: bool) -> int:
+    """Real allocators, run from the root of a fetched checkout as a stranger would (nothing
+    declared), then after pasting the proposed declaration where refused: one row each with
+    the verdict and the first finding, to be classified by reading the code."""
+    for spec in specs:
+        rc, out, err = _run(root, spec, n, misuse)
+        how = "first run"
+        if rc == 2:
+            lines = _proposal(err)
+            how = "refused"
+            if lines:
+                py = root / Path(spec.split(":")[0]).parent / "pyproject.toml"
+                if py.exists():
+                    print(f"{spec}: {py} exists; not pasting into it", file=sys.stderr)
+                else:
+                    py.write_text("\n".join(lines) + "\n")
+                    try:
+                        rc, out, err = _run(root, spec, n, misuse)
+                    finally:
+                        py.unlink()
+                    how = "after the paste" if rc != 2 else "refused after the paste"
+        vs = [v for v in out.get("violations", []) if isinstance(v, dict)]
+        first = (f"{vs[0].get('invariant')}: {vs[0].get('message')}" if vs else
+                 next((x[len("kvspec: error: "):] for x in err.splitlines() if x.startswith("kvspec: error:")), ""))
+        print(" | ".join((spec, how, {0: "pass", 1: "violation", 2: "exit 2"}.get(rc, str(rc)), first[:300])))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-examples", type=int, default=150)
     ap.add_argument("--misuse", action="store_true")
+    ap.add_argument("--checkout", type=Path, help="run FILE:CLASS targets from this checkout's root instead")
+    ap.add_argument("targets", nargs="*", help="with --checkout: FILE:CLASS, FILE relative to the checkout")
     a = ap.parse_args()
+    if a.checkout is not None:
+        return checkout(a.checkout.resolve(), a.targets, a.max_examples, a.misuse)
     rows, first, pasted, findings, real = [], 0, 0, 0, 0
     entries = [x.split() for x in (CORPUS / "MANIFEST").read_text().splitlines() if x.strip()]
     for f, cls in entries:

@@ -6,6 +6,8 @@ checked through kvspec's pool and cache levels.
 - ``build``: building one for a run (constructor parameters filled by name, config objects);
 - ``pool_driver``: the pool level on a free list (Alloc/Free);
 - ``seq_manager``: the cache level on a sequence-keyed allocator, through the nano-vllm driver;
+- ``cow``: the copy-on-write probe where a sequence allocator forks (COPY_ON_WRITE);
+- ``kv_tensors``: KV_INTEGRITY on the KV tensors an allocator owns;
 - ``proposal``: the declaration kvspec proposes where it cannot infer one;
 - ``target``: the loader, the mapping shown, the contract bound at load.
 """

@@ -1,6 +1,7 @@
 """Building an allocator of any shape for a run: its constructor's parameters are filled
 by name (``num_blocks``/``capacity``/... with the run's block count, ``block_size``/
-``page_size``/... with its block size), a config object as the package's engine builds one
+``page_size``/... with its block size, ``device`` with "cpu" and the dimensions of KV
+tensors it owns, ``num_layers``/``head_dim``/..., with 1), a config object as the package's engine builds one
 (``kvspec.targets.nano_api.build_config``), and otherwise the first required parameter gets
 the block count and the second the block size. ``plan`` says how, in words, for the
 mapping line."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from kvspec.alloc.shapes import BLOCK_SIZE_PARAMS, NUM_BLOCKS_PARAMS
+from kvspec.alloc.shapes import BLOCK_SIZE_PARAMS, NUM_BLOCKS_PARAMS, TENSOR_DIM_PARAMS
 from kvspec.targets.base import TargetError
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -38,8 +39,12 @@ def plan(build: Any) -> tuple[Callable[[int, int], Any], str]:
             kw[p.name] = "n"
         elif p.name in BLOCK_SIZE_PARAMS and "bs" not in kw.values():
             kw[p.name] = "bs"
-        elif p.name == "device" and p.default is p.empty:
-            kw[p.name] = "device"  # vLLM v0's BlockAllocator(device, block_size, num_blocks) keeps it as a label
+        elif p.name == "device":
+            # vLLM v0's BlockAllocator(device, ...) keeps it as a label; an allocator owning its
+            # KV tensors puts them there: kvspec runs on the CPU, whatever the default says
+            kw[p.name] = "device"
+        elif p.name in TENSOR_DIM_PARAMS and (p.default is p.empty or isinstance(p.default, int)):
+            kw[p.name] = "dim"  # the KV tensors it owns: their shape is not what is checked
         elif p.default is p.empty and p.kind in _POSITIONAL:
             free_required.append(p.name)
     if "n" not in kw.values() and free_required:  # an unnamed count: the first required parameter
@@ -51,8 +56,9 @@ def plan(build: Any) -> tuple[Callable[[int, int], Any], str]:
                           f"number of blocks and the block size)")
 
     def make(n: int, bs: int) -> Any:
-        return build(**{k: (n if v == "n" else bs if v == "bs" else "cpu") for k, v in kw.items()})
-    shown = ", ".join(f"{k}=" + {"n": "<num_blocks>", "bs": "<block_size>", "device": "'cpu'"}[v] for k, v in kw.items())
+        return build(**{k: (n if v == "n" else bs if v == "bs" else 1 if v == "dim" else "cpu") for k, v in kw.items()})
+    shown = ", ".join(f"{k}=" + {"n": "<num_blocks>", "bs": "<block_size>", "device": "'cpu'", "dim": "1"}[v]
+                      for k, v in kw.items())
     return make, f"{name}({shown})"
 
 

@@ -10,7 +10,8 @@ the like; else the free list's length). The pool model then checks what any bloc
 allocator promises: handed-out ids distinct, free and not held (EVICTION_ORDER under
 free order "any", ACCOUNTING), a free returns exactly what was held and the count is true
 (ACCOUNTING, I1), nothing leaks (I1, NO_LEAK), a refusal changes nothing (ATOMIC_REJECT,
-with --misuse).
+with --misuse). Where it owns KV tensors, each held block still reads what was written into
+it when it was handed out (KV_INTEGRITY, ``kvspec.alloc.kv_tensors``).
 
 A refusal is an exception, or a ``None``/``False``/empty return for a positive count:
 kvspec raises ``Refused`` for the latter, so a refusal is one thing to the checks."""
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Callable, Mapping
 
+from kvspec.alloc.kv_tensors import KVShadow, find as find_kv
 from kvspec.alloc.shapes import ID_FIELDS, AllocMap, is_object
 from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation
@@ -72,7 +74,10 @@ def read_free(value: Any) -> list:
         return sorted(as_ids(list(value)))
     if isinstance(value, Mapping):
         return as_ids(list(value.keys()))
-    return as_ids(list(value))
+    items = list(value)
+    if items and all(type(x) is bool for x in items):  # a mask, True = free
+        return [i for i, free in enumerate(items) if free]
+    return as_ids(items)
 
 
 class FreeListDriver(Driver):
@@ -81,6 +86,7 @@ class FreeListDriver(Driver):
             raise TargetError("a free-list allocator is checked at the pool level: use --level pool")
         self.amap, self.n, self.reserved = amap, config.num_blocks, reserved
         self.alloc = make(config.num_blocks, config.block_size)
+        self.kv = KVShadow(find_kv(self.alloc, config.num_blocks, config.block_size))  # KV tensors it owns
         self.holds: Counter = Counter()
         self.objs: dict = {}  # id -> the block object handed out, for allocators that hand out objects
         m = amap.methods
@@ -93,23 +99,25 @@ class FreeListDriver(Driver):
             return self._alloc(op.n)
         if isinstance(op, Free):
             if self.amap.per_id.get("free"):
-                if len(set(op.blocks)) != len(op.blocks):  # kvspec's own split must not make a free half done
+                # kvspec's own split must not make a free half done: a block named more times than
+                # it is held (a double free) is refused before any call; named as often as it is
+                # held (ref counts), it is freed once per holder
+                over = [b for b, k in Counter(op.blocks).items() if k > 1 and k > self.holds[b]]
+                if over:
                     raise Refused(f"kvspec frees one id at a time ({self.amap.get('free')}(id)): a free naming "
-                                  f"a block twice is refused before any call")
+                                  f"block {over[0]} more times than it is held is refused before any call")
                 for b in op.blocks:
                     self._free(self.objs.get(b, b))
-                    self.holds[b] -= 1
+                    self._release(b)
             else:
                 self._free([self.objs.get(b, b) for b in op.blocks])
                 for b in op.blocks:
-                    self.holds[b] -= 1
+                    self._release(b)
             return None
         if isinstance(op, Touch) and self.amap.get("share"):  # one holder more for each (ref counts)
             share = getattr(self.alloc, self.amap.methods["share"])
             if self.amap.per_id.get("share"):
-                if len(set(op.blocks)) != len(op.blocks):
-                    raise Refused("kvspec shares one id at a time: a share naming a block twice is refused first")
-                for b in op.blocks:
+                for b in op.blocks:  # one holder more per occurrence, as a batch share gives
                     share(self.objs.get(b, b))
                     self.holds[b] += 1
             else:
@@ -154,7 +162,14 @@ class FreeListDriver(Driver):
                 raise Refused(f"{self.amap.get('allocate')}({n}) returned no blocks")
         for b in got:
             self.holds[b] += 1
+            if self.kv:
+                self.kv.write(b, None, f"the Alloc({n}) that took it")
         return tuple(got)
+
+    def _release(self, b: int) -> None:
+        self.holds[b] -= 1
+        if self.holds[b] <= 0 and self.kv:
+            self.kv.forget(b)  # its KV is no one's now
 
     def _give_back(self, got: list) -> None:
         """Free what a one-at-a-time allocation took before it was refused, as a caller would."""
@@ -183,7 +198,7 @@ class FreeListDriver(Driver):
         null = min(self.reserved) if self.reserved else None
         blocks = tuple(BlockState(int(refs[b]), None, b in free_set) for b in range(self.n))
         return Observation(blocks=blocks, queue=tuple(queue), index={}, free_count=count, null_block=null,
-                           queue_problems=tuple(problems))
+                           queue_problems=tuple(problems), found=tuple(self.kv.problems()) if self.kv else ())
 
     def _free_ids(self) -> list:
         if self.amap.get("free_ids"):

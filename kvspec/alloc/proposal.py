@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 from typing import Optional
 
-from kvspec.alloc.shapes import FREE_LIST, SEQUENCE, required
+from kvspec.alloc.shapes import FREE_LIST, SEQUENCE, one_id, required
 
 # role -> words that name it (checked against the method name split at "_")
 _WORDS: dict[str, tuple[str, ...]] = {
@@ -118,7 +118,7 @@ def propose(cls: type) -> Optional[list[str]]:
                                                           else f"{alloc}(n) -> n block ids")]
         if per_alloc:
             lines.append("allocate_per_id = true")
-        per_free = methods[free][0].name in ("block_id", "block", "id", "idx", "bid", "page", "page_id", "index", "b")
+        per_free = one_id(methods[free][0])
         lines.append(f'free = "{free}"  # called as ' + (f"{free}(block_id) per block" if per_free
                                                         else f"{free}(block_ids)"))
         lines.append(f"free_per_id = {'true' if per_free else 'false'}")

@@ -20,10 +20,18 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Any, Callable, Optional
 
+from kvspec.alloc.cow import ForkProbe
+from kvspec.alloc.kv_tensors import KVShadow, find as find_kv
 from kvspec.alloc.pool_driver import as_ids, read_free
 from kvspec.alloc.shapes import AllocMap, returns_value
+from kvspec.spec.config import Config
+from kvspec.spec.observation import Observation
+from kvspec.targets.base import Driver
+from kvspec.targets.nano_driver import NanoDriver
+from kvspec.targets.nanovllm_target import NanoTarget
 
 _SEQ_ID = "kvspec_seq_id"  # the allocator's id for a Sequence, kept on the Sequence (deep copies keep it)
 
@@ -44,8 +52,20 @@ class SequenceFront:
         m = self._amap.methods
         self._m = {k: (getattr(self.inner, v) if v and callable(getattr(self.inner, v, None)) else None)
                    for k, v in m.items()}
-        # None is a refusal only from a method that returns something when it succeeds
+        # None is a refusal only from a method that returns something when it succeeds; a
+        # copy-on-write append returns its copies, None where there are none
         self._none_refuses = {r: returns_value(type(self.inner), m.get(r)) for r in ("allocate_sequence", "append_token")}
+        self.length: dict[int, int] = {}  # seq id -> the tokens the allocator was told of
+        self.kv = KVShadow(find_kv(self.inner, num_blocks, self.block_size))  # the KV tensors it owns, if any
+        self.written: dict[int, int] = {}  # seq id -> tokens whose KV kvspec wrote
+        self.probe = None
+        if self._m.get("fork") is not None:
+            self._none_refuses["append_token"] = False
+            self.probe = ForkProbe(self._m["fork"], self._append, self._m["free_sequence"], self._table,
+                                   self._free_count, self._refs, lambda v: self._refused("append_token", v),
+                                   {r: m.get(r) for r in ("fork", "append_token", "free_sequence")},
+                                   returns_value(type(self.inner), m.get("append_token")))
+            self.probe_ids = itertools.count(1_000_000)  # the probe's children: never a front's seq id
 
     def _refused(self, role: str, value: Any) -> bool:
         return value is False or (value is None and self._none_refuses[role])
@@ -72,15 +92,18 @@ class SequenceFront:
         grown (``add_then_grow``): a refused growth removes the sequence again, as its caller
         would (free_sequence)."""
         if not self._amap.per_id.get("add_then_grow"):
-            return not self._refused("allocate_sequence", self._m["allocate_sequence"](sid, n))
-        if self._refused("allocate_sequence", self._m["allocate_sequence"](sid)):
-            return False
-        try:
-            ok = not self._refused("append_token", self._m["append_token"](sid, n))
-        except Exception:
-            ok = False
-        if not ok:
-            self._m["free_sequence"](sid)
+            ok = not self._refused("allocate_sequence", self._m["allocate_sequence"](sid, n))
+        else:
+            if self._refused("allocate_sequence", self._m["allocate_sequence"](sid)):
+                return False
+            try:
+                ok = not self._refused("append_token", self._m["append_token"](sid, n))
+            except Exception:
+                ok = False
+            if not ok:
+                self._m["free_sequence"](sid)
+        if ok:
+            self.length[sid] = n
         return ok
 
     def can_allocate(self, seq: Any) -> bool:
@@ -105,6 +128,8 @@ class SequenceFront:
             self.live[sid] = seq
         seq.block_table = self._table(sid)
         seq.num_cached_tokens = 0
+        self._write_kv(sid, seq.block_table)
+        self._probe(sid)
 
     def can_append(self, seq: Any) -> bool:
         sid = self._sid(seq)
@@ -115,6 +140,8 @@ class SequenceFront:
             ok = not self._refused("append_token", self._append(sid))
         except Exception:
             ok = False
+        if ok:
+            self.length[sid] = self.length.get(sid, 0) + 1
         self.pending[sid] = ok
         return ok
 
@@ -124,7 +151,29 @@ class SequenceFront:
             if self._refused("append_token", self._append(sid)):
                 raise AssertionError(f"{self._amap.get('append_token')} refused after "
                                      f"{self._amap.get('can_append')} said it fits")
+            self.length[sid] = self.length.get(sid, 0) + 1
         seq.block_table = self._table(sid)
+        self._write_kv(sid, seq.block_table)
+        self._probe(sid)
+
+    def _write_kv(self, sid: int, table: list) -> None:
+        """The KV of its new tokens, into the slots its table gives them (KV tensors it owns)."""
+        if not self.kv:
+            return
+        for p in range(self.written.get(sid, 0), self.length.get(sid, 0)):
+            if p // self.block_size < len(table):
+                self.kv.write(table[p // self.block_size], p % self.block_size, f"sequence {sid} (token {p})")
+        self.written[sid] = self.length.get(sid, 0)
+
+    def _probe(self, sid: int) -> None:
+        """Copy-on-write, where the allocator forks (``kvspec.alloc.cow``)."""
+        if self.probe is not None:
+            self.probe.run(sid, next(self.probe_ids), self.length.get(sid, 0), self.block_size)
+
+    def kvspec_found(self) -> list:
+        """What the probes found: (invariant, message), reported by the step that ran them."""
+        found = list(self.probe.found) if self.probe is not None else []
+        return found + (self.kv.problems() if self.kv else [])
 
     def _append(self, sid: int) -> Any:
         if self._amap.per_id.get("grow_by_one"):
@@ -136,16 +185,36 @@ class SequenceFront:
         if sid is not None and sid in self.live:
             self._m["free_sequence"](sid)
             del self.live[sid]
+            self.length.pop(sid, None)
+            self.written.pop(sid, None)
+            if self.kv:  # its slots are no one's now; the others' stay
+                self.kv.forget_where({(b, p % self.block_size) for s in self.live
+                                      for p, b in ((p, self._table(s)[p // self.block_size])
+                                                   for p in range(self.written.get(s, 0)))})
         seq.block_table = []
         seq.num_cached_tokens = 0
 
     # -- the observation hook ---------------------------------------------------------------
+    def _refs(self) -> Optional[list]:
+        """The allocator's own ref counts, where it keeps them."""
+        name = self._amap.get("ref_counts")
+        return [int(r) for r in getattr(self.inner, name)] if name else None
+
+    def _free_count(self) -> Optional[int]:
+        """The free count it reports (else its free list's length; None: neither)."""
+        m = self._amap.methods
+        if m.get("num_free"):
+            v = getattr(self.inner, m["num_free"])
+            return int(v() if callable(v) else v)
+        if m.get("free_ids"):
+            return len(read_free(getattr(self.inner, m["free_ids"])))
+        return None
+
     def kvspec_observe(self) -> dict:
         m = self._amap.methods
         n = self.num_blocks
-        if m.get("ref_counts"):
-            refs = [int(r) for r in getattr(self.inner, m["ref_counts"])]
-        else:
+        refs = self._refs()
+        if refs is None:
             held = Counter(b for sid in self.live for b in self._table(sid))
             refs = [held[b] for b in range(n)]
         if m.get("free_ids"):
@@ -163,3 +232,23 @@ def front_class(cls: type, amap: AllocMap, make: Callable[[int, int], Any]) -> t
     """A SequenceFront subclass named after the allocator class (messages name it)."""
     return type(cls.__name__, (SequenceFront,), {"_amap": amap, "_make": staticmethod(make),
                                                  "__module__": cls.__module__})
+
+
+class FrontDriver(NanoDriver):
+    """The nano-vllm driver over a front, with what the front's probes found in the observation."""
+
+    def observe(self) -> Observation:
+        obs = super().observe()
+        found = getattr(self.mgr, "kvspec_found", None)
+        found = tuple(found()) if callable(found) else ()
+        return replace(obs, found=found) if found else obs
+
+
+class SequenceTarget(NanoTarget):
+    """The cache-level target over a front: the nano-vllm driver, plus the probes' findings."""
+
+    def _driver(self, config: Config) -> Driver:
+        driver = FrontDriver(self.manager_cls, self.seq_cls, self.api, config, self.make, self.names, self.protocol,
+                             self.caching_support)
+        driver.free_order = self.traits.free_order
+        return driver

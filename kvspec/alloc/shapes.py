@@ -10,7 +10,9 @@ Two shapes (issue 31), each a set of roles kvspec fills with the class's own met
   ``free_sequence(seq_id)`` and the table, ``get_block_table(seq_id)`` (or a dict
   attribute ``seq_id -> [block ids]``); optional ``can_allocate(n_tokens)`` /
   ``can_append(seq_id)`` and a free count. Driven at the cache level (``Admit``/``Step``/
-  ``Finish``), prefix caching off.
+  ``Finish``), prefix caching off. Optional copy-on-write: ``fork(parent_id, child_id)``
+  sharing every block, with ``append_slot(s)`` returning the copies (src, dst) it asks
+  for; kvspec probes it after each admission and step (``kvspec.alloc.cow``).
 
 A role is filled by the first of its candidate names the class has whose signature takes
 kvspec's call (``inspect.Signature.bind``): the mapping is bound to the signatures at load,
@@ -27,10 +29,14 @@ FREE_LIST, SEQUENCE = "free_list", "sequence"
 
 # role -> candidate method names, most specific first
 FREE_LIST_ROLES: dict[str, tuple[str, ...]] = {
-    "allocate": ("allocate", "alloc", "allocate_blocks", "alloc_blocks", "get_blocks", "take", "acquire",
-                 "allocate_block", "alloc_block", "get_free_block", "pop_free_block"),
+    "allocate": ("allocate", "alloc", "allocate_blocks", "alloc_blocks", "allocate_many", "alloc_many", "get_blocks",
+                 "take", "acquire", "allocate_block", "alloc_block", "get_free_block", "pop_free_block",
+                 "allocate_pages", "alloc_pages", "allocate_page", "alloc_page", "get_page", "get_free_page"),
+    # a ref-counted pool frees by dropping a holder (decref: the pool level's Free)
     "free": ("free", "free_blocks", "release", "release_blocks", "deallocate", "dealloc", "free_block",
-             "release_block", "put", "give_back", "recycle"),
+             "release_block", "put", "give_back", "recycle", "decref_many", "free_many", "release_many", "decref",
+             "dec_ref", "deref", "unref", "decrease_ref", "decrement_ref", "free_pages", "release_pages",
+             "free_page", "release_page", "return_page"),
 }
 # a free list with ref counts: one holder more for each block (the pool level's Touch)
 SHARE = ("incref", "inc_ref", "increase_ref", "increment_ref", "add_ref", "retain", "share", "acquire_ref", "ref",
@@ -38,15 +44,21 @@ SHARE = ("incref", "inc_ref", "increase_ref", "increment_ref", "add_ref", "retai
 SEQUENCE_ROLES: dict[str, tuple[str, ...]] = {
     "allocate_sequence": ("allocate_sequence", "allocate_seq", "alloc_sequence", "add_sequence", "allocate_for",
                           "allocate_request", "add_request", "allocate", "alloc"),
-    "append_token": ("append_token", "append_slot", "append", "append_tokens", "add_token", "grow", "extend"),
+    "append_token": ("append_token", "append_slot", "append_slots", "append", "append_tokens", "add_token", "grow",
+                     "extend"),
     "free_sequence": ("free_sequence", "free_seq", "release_sequence", "remove_sequence", "free_request",
                       "release_request", "free", "release", "deallocate"),
 }
 TABLE_METHODS = ("get_block_table", "block_table", "get_blocks", "get_table", "blocks_of", "get_block_ids",
                  "table_of")
 TABLE_FIELDS = ("block_tables", "tables", "seq_blocks", "seq_to_blocks", "sequences", "seqs", "block_table",
-                "seq_block_tables", "request_blocks", "req_to_blocks", "allocations")
+                "seq_block_tables", "request_blocks", "req_to_blocks", "allocations", "allocated_blocks",
+                "allocated", "page_tables", "seq_to_pages", "request_to_blocks", "req_blocks", "owner_blocks",
+                "block_map", "seq_block_map")
 CAN_ALLOCATE = ("can_allocate", "can_alloc", "has_free", "can_allocate_blocks")
+# copy-on-write: the child shares every block of the parent (one holder more each)
+FORK = ("fork", "fork_sequence", "fork_seq", "fork_request", "fork_req", "clone_sequence", "clone_seq",
+        "copy_sequence", "share_sequence", "clone")
 CAN_APPEND = ("can_append", "can_append_token", "can_append_slot", "can_grow")
 FREE_COUNT = ("num_free", "get_num_free_blocks", "num_free_blocks", "free_count", "get_free_count",
               "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count",
@@ -64,10 +76,33 @@ FREE_FIELDS = ("free_block_ids", "free_blocks", "free_list", "free_ids", "free",
 REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts")
 NUM_BLOCKS_PARAMS = ("num_blocks", "n_blocks", "num_gpu_blocks", "total_blocks", "num_total_blocks", "capacity",
                      "num_pages", "n_pages", "size", "max_blocks", "pool_size", "blocks", "num_kv_blocks")
+# the shape of KV tensors an allocator owns: built as small as it goes (1), whatever their defaults
+TENSOR_DIM_PARAMS = ("num_layers", "n_layers", "num_hidden_layers", "num_heads", "n_heads", "num_kv_heads",
+                     "n_kv_heads", "num_key_value_heads", "head_dim", "head_size", "hidden_dim", "hidden_size",
+                     "d_model", "d_head", "kv_dim", "embed_dim", "dim")
 BLOCK_SIZE_PARAMS = ("block_size", "page_size", "tokens_per_block", "kv_block_size", "kvcache_block_size")
-ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append",
+ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append", "fork",
                                                                "num_free", "free_ids", "ref_counts", "share")
 _SINGLE_ID = ("block_id", "block", "id", "idx", "bid", "page", "page_id", "index", "b")
+
+
+def one_id(p: inspect.Parameter) -> bool:
+    """Whether a free/share parameter takes one block id, not a collection: by its annotation
+    (``int`` / a list type), else by its name (``block_idx``, ``page_id``: one; ``block_ids``,
+    ``blocks``: many)."""
+    ann = p.annotation
+    text = ann if isinstance(ann, str) else getattr(ann, "__name__", None) or repr(ann)
+    if ann is not p.empty:
+        if text in ("int", "builtins.int") or ann is int:
+            return True
+        if any(w in text.lower() for w in ("list", "sequence", "iterable", "tuple", "set", "tensor", "ndarray")):
+            return False
+    name = p.name.lower()
+    if name in _SINGLE_ID:
+        return True
+    if name.endswith(("ids", "idxs", "indices", "blocks", "pages", "list")):
+        return False
+    return name.endswith(("_id", "_idx", "_index", "_no", "_num", "_number"))
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
@@ -90,13 +125,18 @@ class AllocMap:
                      f"Free(ids) -> {c}.{m['free']}(" + ("id) per id" if self.per_id.get("free") else "ids)")]
         else:
             grow = self.per_id.get("add_then_grow")
+            step = ("Step: none (it has no decode growth: not drawn)" if self.per_id.get("no_append") else
+                    f"Step -> {c}.{m['append_token']}(seq_id" + (", 1)" if self.per_id.get("grow_by_one") else ")"))
             parts = [f"Admit -> {c}.{m['allocate_sequence']}" + (f"(seq_id) + {c}.{m['append_token']}(seq_id, n_tokens)"
                                                                   if grow else "(seq_id, n_tokens)"),
-                     f"Step -> {c}.{m['append_token']}(seq_id" + (", 1)" if self.per_id.get("grow_by_one") else ")"), f"Finish/Preempt -> {c}.{m['free_sequence']}(seq_id)",
+                     step, f"Finish/Preempt -> {c}.{m['free_sequence']}(seq_id)",
                      f"table <- {c}.{m['block_table']}" + ("(seq_id)" if callable(getattr(cls, m["block_table"] or "", None))
                                                            else "[seq_id]")]
         if self.shape == FREE_LIST and m.get("share"):
             parts.append(f"Touch(ids) -> {c}.{m['share']}(" + ("id) per id" if self.per_id.get("share") else "ids)"))
+        if self.shape == SEQUENCE and m.get("fork"):
+            parts.append(f"fork <- {c}.{m['fork']}(parent_id, child_id) (copy-on-write: probed after each admission "
+                         f"and step)")
         for role, shown in (("can_allocate", "can_allocate"), ("can_append", "can_append"), ("num_free", "free count"),
                             ("free_ids", "free list"), ("ref_counts", "ref counts")):
             if m.get(role):
@@ -182,16 +222,24 @@ def _infer_free_list(cls: type) -> Optional[AllocMap]:
         alloc = None
     if alloc is None:
         alloc = _first(cls, FREE_LIST_ROLES["allocate"], (0,), set())
-        per_alloc = alloc is not None
+        per_alloc = alloc is not None and not _optional_count(cls, alloc)  # allocate(num_blocks=1): called with n
     free = _first(cls, FREE_LIST_ROLES["free"], (1,), {alloc})
     if alloc is None or free is None:
         return None
-    per_free = required(cls, free)[0].name in _SINGLE_ID
+    per_free = one_id(required(cls, free)[0])
     share = _first(cls, SHARE, (1,), {alloc, free})
     methods = {"allocate": alloc, "free": free, "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
                "num_free": _counter(cls), "share": share}
     return AllocMap(FREE_LIST, methods, {"allocate": per_alloc, "free": per_free,
-                                         "share": bool(share) and required(cls, share)[0].name in _SINGLE_ID})
+                                         "share": bool(share) and one_id(required(cls, share)[0])})
+
+
+def _optional_count(cls: type, name: str) -> bool:
+    """Whether ``cls.name``'s first parameter is an optional count of blocks (``num_blocks=1``)."""
+    sig = _sig(getattr(cls, name))
+    params = [p for p in (sig.parameters.values() if sig else ()) if p.name not in ("self", "cls")]
+    return bool(params) and params[0].kind in _POSITIONAL and params[0].default is not params[0].empty and \
+        params[0].name in ("n", "num", "count", "k", "size", "num_blocks", "n_blocks", "num_pages", "n_pages")
 
 
 def _infer_sequence(cls: type) -> Optional[AllocMap]:
@@ -201,12 +249,22 @@ def _infer_sequence(cls: type) -> Optional[AllocMap]:
     append = _first(cls, SEQUENCE_ROLES["append_token"], (1,), {alloc})
     free = _first(cls, SEQUENCE_ROLES["free_sequence"], (1,), {alloc, append})
     table = _first(cls, TABLE_METHODS, (1,), {alloc, append, free})
-    if alloc is None or append is None or free is None:
+    # no decode growth (allocate(request_id, n_tokens) / free(request_id) only): Step is not drawn
+    no_append = append is None and _seq_id_param(required(cls, alloc)[0])
+    if alloc is None or (append is None and not no_append) or free is None:
         return None
     methods = {"allocate_sequence": alloc, "append_token": append, "free_sequence": free, "block_table": table,
                "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
-               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
-    return AllocMap(SEQUENCE, methods)
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls),
+               "fork": None if no_append else _first(cls, FORK, (2,), {alloc, append, free})}
+    return AllocMap(SEQUENCE, methods, {"no_append": True} if no_append else {})
+
+
+def _seq_id_param(p: inspect.Parameter) -> bool:
+    """A parameter naming a sequence or request (``seq_id``, ``request_id``, ``rid``...)."""
+    name = p.name.lower()
+    return name in ("seq", "sid", "rid", "uid", "key", "owner", "handle") or any(
+        w in name for w in ("seq", "req", "request")) or name.endswith("_id") and "block" not in name
 
 
 ADD_SEQUENCE = ("add_sequence", "add_seq", "new_sequence", "create_sequence", "register_sequence", "start_sequence",
@@ -223,7 +281,8 @@ def _infer_add_and_grow(cls: type) -> Optional[AllocMap]:
     methods = {"allocate_sequence": add, "append_token": grow, "free_sequence": free,
                "block_table": _first(cls, TABLE_METHODS, (1,), {add, grow, free}),
                "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
-               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls)}
+               "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls),
+               "fork": _first(cls, FORK, (2,), {add, grow, free})}
     return AllocMap(SEQUENCE, methods, {"add_then_grow": True, "grow_by_one": len(required(cls, grow)) == 2})
 
 
@@ -261,8 +320,9 @@ def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
     if not amap.get("free_ids"):
         for name in FREE_FIELDS + tuple(k for k in attrs if "free" in k.lower() and k not in FREE_FIELDS):
             v = attrs.get(name)
-            if v is not None and not isinstance(v, (str, bytes, int)) and hasattr(v, "__len__") and ints(v) \
-                    and len(v) <= num_blocks and not callable(v):
+            mask = isinstance(v, list) and len(v) == num_blocks and v and all(type(x) is bool for x in v)
+            if v is not None and not isinstance(v, (str, bytes, int)) and hasattr(v, "__len__") and (
+                    ints(v) and len(v) <= num_blocks or mask) and not callable(v):
                 amap.methods["free_ids"] = name
                 break
     if not amap.get("num_free"):  # a counter kept as a plain int attribute
@@ -278,8 +338,10 @@ def fill_fields(amap: AllocMap, obj: Any, num_blocks: int) -> None:
                 amap.methods["ref_counts"] = name
                 break
     if amap.shape == SEQUENCE and not amap.get("block_table"):
-        for name in TABLE_FIELDS + tuple(k for k in attrs if ("table" in k.lower() or "seq" in k.lower())
-                                         and k not in TABLE_FIELDS):
+        def named(words: tuple) -> tuple:
+            return tuple(k for k in attrs if any(w in k.lower() for w in words) and k not in TABLE_FIELDS
+                         and "free" not in k.lower() and k.lower().strip("_") not in ("blocks", "pages"))
+        for name in TABLE_FIELDS + named(("table", "seq", "req", "alloc")) + named(("block", "page")):
             if isinstance(attrs.get(name), dict):
                 amap.methods["block_table"] = name
                 break
@@ -317,5 +379,5 @@ def declared(cls: type, table: Mapping[str, Any], where: str) -> AllocMap:
         for role in ("allocate", "free"):
             if role not in per_id:
                 req = required(cls, methods[role]) or []
-                per_id[role] = len(req) == 0 if role == "allocate" else bool(req) and req[0].name in _SINGLE_ID
+                per_id[role] = len(req) == 0 if role == "allocate" else bool(req) and one_id(req[0])
     return AllocMap(shape, methods, per_id, where)

@@ -61,6 +61,11 @@ def mapping_for(cls: type, source: Optional[Path]) -> Optional[AllocMap]:
 def refusal(spec: str, cls: type, why: str, source: Optional[Path]) -> TargetError:
     """The one-line refusal; the proposed declaration goes to stderr first."""
     lines = propose(cls)
+    trie = [n for n in ("match_prefix", "insert", "evict", "evict_lru", "cache_blocks") if callable(getattr(cls, n, None))]
+    if lines is None and "match_prefix" in trie:
+        return TargetError(f"{why}; it is a prefix cache ({', '.join(f'{n}()' for n in trie)}) without an allocator "
+                           f"of its own: kvspec checks the allocator that hands out its blocks (allocate(n)/free(ids), "
+                           f"kvspec api allocator), and does not drive trie prefix caches yet")
     if lines is None:
         return TargetError(f"{why}; nor does it have an allocator API kvspec recognizes (allocate(n)/free(ids), "
                            f"or allocate_sequence(seq_id, n_tokens)/append_token(seq_id)/free_sequence(seq_id): "
@@ -92,10 +97,12 @@ def _calls(amap: AllocMap) -> list:
     grow = amap.per_id.get("add_then_grow")
     out = [Call(m["allocate_sequence"], ("seq_id: int",) if grow else ("seq_id: int", "n_tokens: int"),
                 "anything; None/False: refused"),
-           Call(m["append_token"], ("seq_id: int", "n_tokens: int") if grow else ("seq_id: int",),
-                "anything; None/False: refused"),
            Call(m["free_sequence"], ("seq_id: int",), "None")]
-    for role, args in (("can_allocate", ("n_tokens: int",)), ("can_append", ("seq_id: int",))):
+    if m.get("append_token"):
+        out.append(Call(m["append_token"], ("seq_id: int", "n_tokens: int") if grow else ("seq_id: int",),
+                        "anything; None/False: refused"))
+    for role, args in (("can_allocate", ("n_tokens: int",)), ("can_append", ("seq_id: int",)),
+                       ("fork", ("parent_id: int", "child_id: int"))):
         if m.get(role):
             out.append(Call(m[role], args, "bool"))
     return out
@@ -119,7 +126,10 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
         raise TargetError(f"target {spec}: {cls.__name__} is a sequence-keyed allocator, but kvspec finds no block "
                           f"table (a get_block_table(seq_id) method or a dict attribute seq_id -> block ids): "
                           f"declare block_table in [tool.kvspec.alloc] (kvspec api allocator)")
-    shown = amap.describe(cls) + f"; built as {how}"
+    from kvspec.alloc.kv_tensors import find as find_kv
+    kv = [name for name, _, _ in find_kv(probe, 8, 2)]
+    shown = amap.describe(cls) + (f", KV tensors <- {', '.join(f'{cls.__name__}.{n}' for n in kv)} (written into and "
+                                  f"read back: KV_INTEGRITY)" if kv else "") + f"; built as {how}"
     print(f"kvspec: note: {spec}: {shown}", file=sys.stderr)
     declaration = f"{'none: ' if amap.where == 'inferred' else ''}allocator API {shown}"
     if amap.shape == FREE_LIST:
@@ -129,13 +139,13 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
                         misuse_errors=(Exception,), levels=("pool",), prefix_caching="off", free_order="any",
                         unsupported_ops=unsupported, declaration=declaration)
         return FreeListTarget(spec, traits, make_fn, amap, reserved)
-    from kvspec.alloc.seq_manager import front_class
+    from kvspec.alloc.seq_manager import SequenceTarget, front_class
     from kvspec.targets.nano_sequence import Sequence
-    from kvspec.targets.nanovllm_target import NanoTarget
     traits = Traits(null_block=False, unhashed_free_first=False, misuse_errors=(), levels=("cache",),
                     documented_noops=frozenset({"free_unknown_request"}), prefix_caching="off", free_order="any",
-                    declaration=declaration)
-    target = NanoTarget(front_class(cls, amap, make_fn), Sequence, spec, traits, source=source)
+                    declaration=declaration,
+                    unsupported_ops=frozenset({"Step"}) if amap.per_id.get("no_append") else frozenset())
+    target = SequenceTarget(front_class(cls, amap, make_fn), Sequence, spec, traits, source=source)
     target.caching_support = "off"  # the front has no prefix index, whatever its observation hook implies
     target.check_internals()
     target.api_shape = SEQUENCE

@@ -47,6 +47,7 @@ CATALOGUE: dict[str, str] = {
     "WINDOW": "Every block a still-needed token attends to (its window included) is held; blocks wholly outside every window are null or freed.",
     "SLOTS": "Every scheduled token, draft tokens included, has a slot in every group's table, within the max_model_len cap.",
     "PRIORITY": "Under the priority policy the engine preempts the running request last in (priority, arrival) order.",
+    "COPY_ON_WRITE": "A fork shares every block with one holder more and takes none; a write into a block another sequence holds copies it first (the copy reported); freeing the child restores every count.",
 }
 # The four numbered invariants also have names; the others are their own name.
 NAMES: dict[str, str] = {"I1": "QUEUE_IFF_FREE", "I2": "STABLE_IDS", "I3": "FULL_ONLY", "I4": "CACHED_EVICTABLE"}
@@ -59,8 +60,8 @@ def title(invariant: str) -> str:
 
 
 PRIORITY = [
-    "NO_HANG", "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "I1", "HIT_AGREEMENT", "WINDOW", "SLOTS", "HASH_CHAIN",
-    "MAX_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
+    "NO_HANG", "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "COPY_ON_WRITE", "I1", "HIT_AGREEMENT", "WINDOW", "SLOTS",
+    "HASH_CHAIN", "MAX_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
     "PRIORITY",
 ]
 
@@ -192,6 +193,12 @@ def null_block(ctx: StepContext) -> list[Violation]:
         if n in rs.table and not (windowed and windowed[0]):
             out.append(ctx.v("NULL_BLOCK", f"request {rid} holds the null block {n}", [n], [rid]))
     return out
+
+
+@check
+def adapter_probes(ctx: StepContext) -> list[Violation]:
+    """What the adapter's own probes found (``Observation.found``: copy-on-write)."""
+    return [ctx.v(inv, message) for inv, message in ctx.obs.found]
 
 
 @check

@@ -36,6 +36,9 @@ class Observation:
     requests: Mapping[str, RequestState] = field(default_factory=dict)
     # Problems the adapter found walking the queue (links that disagree with the walk).
     queue_problems: tuple[str, ...] = ()
+    # (invariant, message): what the adapter's own probes found (the allocator level's
+    # copy-on-write probe, kvspec.alloc.cow), reported by the step that ran them.
+    found: tuple[tuple[str, str], ...] = ()
 
     def usable_ids(self):
         if self.null_block is None or self.null_block == 0:

@@ -264,7 +264,15 @@ def alloc_styles() -> tuple[Style, ...]:
         "block 0 out",
         "invariants: ids handed out are distinct, free and in range (EVICTION_ORDER, I1), free returns exactly what "
         "was held and the count is true (ACCOUNTING, I1), nothing leaks once nothing runs (NO_LEAK, I1), a "
-        "sequence's table covers its tokens and stays put (I2, KV_INTEGRITY's shadow store, EVICTION_ORDER)",
+        "sequence's table covers its tokens and stays put (I2, KV_INTEGRITY's shadow store, EVICTION_ORDER); a "
+        "fork shares every block and a write into a shared block copies it first (COPY_ON_WRITE)",
+        "KV tensors it owns (a float tensor attribute, or a list of them per layer, with a dimension of the block "
+        "count followed by the block size: k_cache, v_cache...): kvspec writes into each block (each token's slot, "
+        "for a sequence) when it is handed out and reads it back while it is held (KV_INTEGRITY); they are built "
+        "small on the CPU (device='cpu', num_layers/num_heads/head_dim/... = 1)",
+        "a sequence allocator without decode growth (allocate(request_id, n_tokens) and free(request_id) only) is "
+        "checked with Admit, Preempt and Finish (Step is not drawn); a prefix cache without an allocator of its own "
+        "(match_prefix/insert/evict only) is refused: kvspec does not drive trie prefix caches yet",
     )
     free_list = Style("allocator", "free_list", "allocate(n) -> ids and free(ids): checked at the pool level "
                       "(Alloc, Free)", (
@@ -289,6 +297,9 @@ def alloc_styles() -> tuple[Style, ...]:
                               + ", ".join(sh.TABLE_FIELDS[:4])),
                          Call("can_allocate", ("n_tokens: int",), "bool", optional=True, when=alts(sh.CAN_ALLOCATE)),
                          Call("can_append", ("seq_id: int",), "bool", optional=True, when=alts(sh.CAN_APPEND)),
+                         Call("fork", ("parent_id: int", "child_id: int"), "None", optional=True,
+                              when=alts(sh.FORK) + "; copy-on-write: probed after each admission and step (fork, "
+                              "the child's next token, free of the child): COPY_ON_WRITE"),
                          count), common_reads, extra)
     return (free_list, sequence)
 
