@@ -10,4 +10,7 @@ checked through kvspec's pool and cache levels.
 - ``kv_tensors``: KV_INTEGRITY on the KV tensors an allocator owns;
 - ``proposal``: the declaration kvspec proposes where it cannot infer one;
 - ``target``: the loader, the mapping shown, the contract bound at load.
+
+May import: spec, errors, patching and targets (the target interface, the nano-vllm driver
+the sequence allocators run through). Never check, mc, corpus, report, stateful or cli.
 """
