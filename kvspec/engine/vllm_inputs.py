@@ -70,10 +70,9 @@ def features() -> frozenset[str]:
         out.add("priority")
     if _connector_pluggable():
         out.add("connector")
-    if isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property) \
-            and "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
+    if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
         for method in LOOKAHEAD_DRAFTERS:
-            if _drafter_accepted(method):
+            if _drafter_reserves(method, isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property)):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
 
@@ -92,8 +91,12 @@ def _connector_pluggable() -> bool:
         return False
 
 
-def _drafter_accepted(method: str) -> bool:
-    """Whether this release builds a ``SpeculativeConfig`` for ``method`` over the tiny model."""
+def _drafter_reserves(method: str, config_counts: bool) -> bool:
+    """Whether this release builds a ``SpeculativeConfig`` for ``method`` over the tiny model
+    and its scheduler then reserves lookahead slots: where ``VllmConfig`` counts them
+    (``config_counts``, 0.28 on) any accepted drafter is drawn (the engine reads the count);
+    before, the scheduler sets ``num_lookahead_tokens`` itself, from ``use_eagle()`` alone
+    (read in 0.9.0 to 0.27.0's ``Scheduler.__init__``), so only an EAGLE-family config has slots."""
     try:
         from vllm.config import ModelConfig, ParallelConfig
 
@@ -101,8 +104,9 @@ def _drafter_accepted(method: str) -> bool:
         from kvspec.engine.vllm_engine import tiny_model_dir
         compat.cpu_platform()
         model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
-        drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
-        return True
+        spec = drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
+        use_eagle = getattr(spec, "use_eagle", None)
+        return config_counts or (callable(use_eagle) and bool(use_eagle()))
     except Exception:
         return False
 
