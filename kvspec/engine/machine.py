@@ -34,8 +34,10 @@ must differ by adapter) and, in a quarter of the examples, a ``max_model_len`` o
 tokens that binds (prompts stay under it, ``max_tokens`` may run past it: the scheduler
 stops the request at the cap). 0.9.x's draws are unchanged, so its numbers above hold.
 
-Where the release has them (``kvspec.engine.vllm_inputs.features``, on that same current
-API), the machine also draws the inputs real deployments send (issue 37):
+Where the release has them (``kvspec.engine.vllm_inputs.features``, by feature, on every
+release the groups driver builds: 0.9.0 on), the machine also draws the inputs real
+deployments send (issue 37; on a release the legacy engine drives, from the search's second
+batch on: ``LegacyInputsEngineMachine``):
 - a drafter with its own KV (``draft_model`` or ``eagle``) in half the drafted examples,
   so the scheduler reserves lookahead slots;
 - the priority policy in a third of the examples, each arrival with a priority of 0 to 2;

@@ -8,7 +8,9 @@ version number, and each with the meaning the checks give it:
   then it must succeed. The cache-level model replays it as the pool's ``Reset``: a
   success forgets every hash, so no later admission hits a block cached before it.
 - lookahead slots of a drafter that writes its own KV (``spec_method`` "draft_model" or
-  "eagle", vLLM's ``num_lookahead_tokens``): every request's table covers its scheduled
+  "eagle", vLLM's ``num_lookahead_tokens``: ``VllmConfig`` counts them from 0.28; before,
+  the scheduler sets them from ``use_eagle()``, so there only EAGLE is drawn with slots;
+  the engine reads the scheduler's own count): every request's table covers its scheduled
   tokens plus that many slots (capped at ``max_model_len``) once the step is scheduled
   (SLOTS, ``kvspec.engine.checks``). The cache-level model has no op for slots reserved
   past the computed tokens, so a run with lookahead is judged by the engine-level checks
