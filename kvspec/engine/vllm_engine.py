@@ -179,8 +179,8 @@ class VllmEngine:
         self.hasher = compat.block_hasher(mods, shape.block_size)   # vLLM's sha256 block hashing, as the engine
         # slots past the scheduled tokens: the scheduler's own count (before 0.28 it sets it
         # itself, from use_eagle(); VllmConfig counts them from 0.28 on)
-        self.lookahead = int(getattr(self.sched, "num_lookahead_tokens", None)
-                             or getattr(cfg, "num_lookahead_tokens", 0) or 0)
+        own = getattr(self.sched, "num_lookahead_tokens", None)
+        self.lookahead = int((own if own is not None else getattr(cfg, "num_lookahead_tokens", 0)) or 0)
         hash_ahead = int(getattr(cfg, "num_hash_lookahead_tokens", 0) or 0)
         if hash_ahead:   # EAGLE: a block's hash covers the tokens after it, as the engine hashes them
             from kvspec.engine.vllm_inputs import lookahead_hasher
