@@ -71,7 +71,7 @@ def _run(version: str, cases: str, policies: str = "") -> dict:
         pytest.skip(why)
     code = REPLAY.replace("CASES_HERE", cases)
     r = subprocess.run([sys.executable, "-c", code], env=vllm_releases.env_for(version, policies=policies),
-                       capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=300)
+                       capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=900)   # a loaded box: import alone takes minutes
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, r.stderr[-2000:]
     return json.loads(line[len("RESULT "):])
