@@ -270,7 +270,9 @@ class LevelSearch:
     def run_batch(self, max_examples: int = EXAMPLES_PER_BATCH) -> Optional[Finding]:
         from kvspec.stateful import InvariantViolation
 
-        test = get_state_machine_test(self.machine, settings=_settings(STEPS_PER_EXAMPLE[self.level], max_examples,
+        # a machine may draw differently by batch (kvspec.engine.machine: a release's first batch as before)
+        machine = self.machine.for_batch(self.batch) if hasattr(self.machine, "for_batch") else self.machine
+        test = get_state_machine_test(machine, settings=_settings(STEPS_PER_EXAMPLE[self.level], max_examples,
                                                                        self.database))
         if self.database:  # one key per (target, level): every machine's test function looks the same
             import hashlib

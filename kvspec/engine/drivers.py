@@ -59,17 +59,24 @@ def supports_spec_decode(target: Any) -> bool:
 
 def draws_deployment_inputs(target: Any) -> bool:
     """Whether the engine level draws the deployment inputs (reset, lookahead, priority, a
-    connector) for ``target``: vLLM releases the current engine drives. A release the legacy
-    engine drives (0.9.x to 0.30.x, ``kvspec.vllm.engine_compat.drivable_legacy``) keeps its own
-    machine, so its examples (0.9.0's #19459 among them) stay as they were."""
+    connector) for ``target``: every vLLM release whose engine the groups driver builds,
+    the legacy engine's (0.9.x to 0.30.x) included. Each input is drawn only where the
+    release has it (``kvspec.vllm.inputs.features``, by feature)."""
     from kvspec.vllm.target import VllmTarget
-    if not isinstance(target, VllmTarget) or not getattr(target, "groups", False):
+    return isinstance(target, VllmTarget) and bool(getattr(target, "groups", False))
+
+
+def legacy_engine_drives(target: Any) -> bool:
+    """Whether the legacy engine (``kvspec.vllm.engine_compat.drivable_legacy``, found by feature)
+    drives ``target``'s scheduler."""
+    from kvspec.vllm.target import VllmTarget
+    if not isinstance(target, VllmTarget):
         return False
     from kvspec.vllm.engine_compat import drivable_legacy
     from kvspec.vllm.engine import SCHEDULER_MODULE
     from kvspec.vllm.patch import import_vllm
     mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
-    return not drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE])
+    return drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE])
 
 
 def supports_engine(target: Any) -> bool:

@@ -34,8 +34,10 @@ must differ by adapter) and, in a quarter of the examples, a ``max_model_len`` o
 tokens that binds (prompts stay under it, ``max_tokens`` may run past it: the scheduler
 stops the request at the cap). 0.9.x's draws are unchanged, so its numbers above hold.
 
-Where the release has them (``kvspec.vllm.inputs.features``, on that same current
-API), the machine also draws the inputs real deployments send (issue 37):
+Where the release has them (``kvspec.vllm.inputs.features``, by feature, on every
+release the groups driver builds: 0.9.0 on), the machine also draws the inputs real
+deployments send (issue 37; on a release the legacy engine drives, from the search's second
+batch on: ``LegacyInputsEngineMachine``):
 - a drafter with its own KV (``draft_model`` or ``eagle``) in half the drafted examples,
   so the scheduler reserves lookahead slots;
 - the priority policy in a third of the examples, each arrival with a priority of 0 to 2;
@@ -241,13 +243,31 @@ class InputsEngineMachine(SpecEngineMachine):
         self.run(ResetPrefixCache(preempt))
 
 
+class LegacyInputsEngineMachine(InputsEngineMachine):
+    """InputsEngineMachine for a release the legacy engine drives (0.9.x to 0.30.x): the
+    search's first batch (``for_batch(0)``, seeded as before) draws exactly what
+    SpecEngineMachine drew there, with no deployment input, so the findings documented on
+    those releases before the inputs were drawn keep their example counts (0.9.0's #19459 at
+    example 11 of seed 0); every later batch draws the inputs. Each batch is seeded on its
+    own (``kvspec.check.search``), so the later batches' examples do not depend on the first's."""
+
+    @classmethod
+    def for_batch(cls, batch: int) -> type:
+        if batch > 0:
+            return cls
+        shared = {k: getattr(cls, k) for k in ("target", "misuse", "on_robustness", "counters", "kv_groups")}
+        shared["excluded"] = getattr(cls, "excluded", frozenset())
+        return type(cls.__name__, (SpecEngineMachine,), shared)
+
+
 def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
                    kv_groups: Optional[str] = None) -> type:
     """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
-    from kvspec.engine.drivers import draws_deployment_inputs, supports_spec_decode
+    from kvspec.engine.drivers import draws_deployment_inputs, legacy_engine_drives, supports_spec_decode
     attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
                  counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
     base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
     if base is SpecEngineMachine and draws_deployment_inputs(target):
-        base = InputsEngineMachine   # the current engine: the deployment inputs too
+        # the deployment inputs too; on a legacy-engine release, from the second batch on
+        base = LegacyInputsEngineMachine if legacy_engine_drives(target) else InputsEngineMachine
     return type(machine_class_name("EngineMachine", target), (base,), attrs)

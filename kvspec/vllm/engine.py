@@ -50,9 +50,9 @@ class EngineShape:
     max_model_len: int = 128
     spec_tokens: int = 0          # speculative decoding with this many draft tokens; 0: off
     spec_method: str = "ngram"    # the drafter: "ngram" (no draft model, so no lookahead slots), or
-                                  # "draft_model" / "eagle" (spec_tokens lookahead slots: vllm_inputs)
-    policy: str = "fcfs"          # the scheduling policy ("priority": vllm_inputs)
-    connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (vllm_connector)
+                                  # "draft_model" / "eagle" (spec_tokens lookahead slots: kvspec.vllm.inputs)
+    policy: str = "fcfs"          # the scheduling policy ("priority": kvspec.vllm.inputs)
+    connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (kvspec.vllm.connector)
 
 
 @functools.lru_cache(maxsize=1)
@@ -177,7 +177,10 @@ class VllmEngine:
         self.mgr = self.sched.kv_cache_manager
         self.sched.kv_cache_manager = _Recorder(self.mgr, self)
         self.hasher = compat.block_hasher(mods, shape.block_size)   # vLLM's sha256 block hashing, as the engine
-        self.lookahead = int(getattr(cfg, "num_lookahead_tokens", 0) or 0)   # slots past the scheduled tokens
+        # slots past the scheduled tokens: the scheduler's own count (before 0.28 it sets it
+        # itself, from use_eagle(); VllmConfig counts them from 0.28 on)
+        own = getattr(self.sched, "num_lookahead_tokens", None)
+        self.lookahead = int((own if own is not None else getattr(cfg, "num_lookahead_tokens", 0)) or 0)
         hash_ahead = int(getattr(cfg, "num_hash_lookahead_tokens", 0) or 0)
         if hash_ahead:   # EAGLE: a block's hash covers the tokens after it, as the engine hashes them
             from kvspec.vllm.inputs import lookahead_hasher
@@ -239,7 +242,7 @@ class VllmEngine:
             raise TargetError(f"vllm engine: {e}") from None
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         if priority:
-            kw["priority"] = priority   # only drawn where Request takes it (vllm_inputs.has_priority_policy)
+            kw["priority"] = priority   # only drawn where Request takes it (kvspec.vllm.inputs.has_priority_policy)
         r = compat.new_request(self.request_mod, req, list(prompt), params, self.hasher, kw)
         self.extras[req] = extra
         self.sched.add_request(r)

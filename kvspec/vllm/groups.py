@@ -23,7 +23,7 @@ over that manager, on real ``vllm.v1.request.Request`` objects:
 Where the scheduler itself never schedules a request (past ``max_model_len``), the
 driver refuses without calling the manager, as the scheduler does.
 
-Every release from 0.9.0 on is driven (``vllm_compat.cache_api``, by feature): arguments a
+Every release from 0.9.0 on is driven (``compat.cache_api``, by feature): arguments a
 release does not take are not passed, and the features it lacks are never drawn.
 """
 from __future__ import annotations

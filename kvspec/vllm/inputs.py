@@ -8,7 +8,9 @@ version number, and each with the meaning the checks give it:
   then it must succeed. The cache-level model replays it as the pool's ``Reset``: a
   success forgets every hash, so no later admission hits a block cached before it.
 - lookahead slots of a drafter that writes its own KV (``spec_method`` "draft_model" or
-  "eagle", vLLM's ``num_lookahead_tokens``): every request's table covers its scheduled
+  "eagle", vLLM's ``num_lookahead_tokens``: ``VllmConfig`` counts them from 0.28; before,
+  the scheduler sets them from ``use_eagle()``, so there only EAGLE is drawn with slots;
+  the engine reads the scheduler's own count): every request's table covers its scheduled
   tokens plus that many slots (capped at ``max_model_len``) once the step is scheduled
   (SLOTS, ``kvspec.engine.checks``). The cache-level model has no op for slots reserved
   past the computed tokens, so a run with lookahead is judged by the engine-level checks
@@ -70,10 +72,9 @@ def features() -> frozenset[str]:
         out.add("priority")
     if _connector_pluggable():
         out.add("connector")
-    if isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property) \
-            and "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
+    if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
         for method in LOOKAHEAD_DRAFTERS:
-            if _drafter_accepted(method):
+            if _drafter_reserves(method, isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property)):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
 
@@ -92,8 +93,12 @@ def _connector_pluggable() -> bool:
         return False
 
 
-def _drafter_accepted(method: str) -> bool:
-    """Whether this release builds a ``SpeculativeConfig`` for ``method`` over the tiny model."""
+def _drafter_reserves(method: str, config_counts: bool) -> bool:
+    """Whether this release builds a ``SpeculativeConfig`` for ``method`` over the tiny model
+    and its scheduler then reserves lookahead slots: where ``VllmConfig`` counts them
+    (``config_counts``, 0.28 on) any accepted drafter is drawn (the engine reads the count);
+    before, the scheduler sets ``num_lookahead_tokens`` itself, from ``use_eagle()`` alone
+    (read in 0.9.0 to 0.27.0's ``Scheduler.__init__``), so only an EAGLE-family config has slots."""
     try:
         from vllm.config import ModelConfig, ParallelConfig
 
@@ -101,8 +106,9 @@ def _drafter_accepted(method: str) -> bool:
         from kvspec.vllm.engine import tiny_model_dir
         compat.cpu_platform()
         model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
-        drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
-        return True
+        spec = drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
+        use_eagle = getattr(spec, "use_eagle", None)
+        return config_counts or (callable(use_eagle) and bool(use_eagle()))
     except Exception:
         return False
 
