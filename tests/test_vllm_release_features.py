@@ -143,3 +143,26 @@ def test_findings_are_matched_and_labelled():
     r = {"violations": [finding("EVICTION_ORDER", "pool", False)]}
     vr.annotate("0.27.0", r, "")
     assert "#51482" in r["violations"][0]["upstream"] and r["violations"][0]["label"] == "bug"
+
+
+def test_findings_are_matched_by_key_part_and_operation():
+    """A HASH_CHAIN finding names the identity part its hash lost (``where``), and a pool
+    finding the operation that broke it: each shipped bug is matched on its own releases only."""
+    from kvspec.vllm.history import annotate
+
+    def finding(inv, level, where=None, steps=()):
+        return {"invariant": inv, "level": level, "config": {"caching": True}, "message": "",
+                "where": where, "steps_text": list(steps)}
+
+    r = {"violations": [finding("HASH_CHAIN", "cache", "key part: lora path"),
+                        finding("HASH_CHAIN", "cache", "key part: lora name vs salt"),
+                        finding("I1", "pool", steps=("Alloc(n=1)", "Touch(blocks=(1,))", "Free(blocks=(1, 1))")),
+                        finding("I1", "pool", steps=("Alloc(n=1)", "Touch(blocks=(1,))"))]}
+    annotate("0.22.0", r, "unhashed_free_first=false")
+    lora_path, salt, double_free, touch = r["violations"]
+    assert "#30931" in lora_path["upstream"] and "#44701" in salt["upstream"]
+    assert "#42571" in double_free["upstream"] and touch["upstream"] == "" and touch["label"] == "bug"
+    r = {"violations": [finding("HASH_CHAIN", "cache", "key part: lora path"),
+                        finding("I1", "pool", steps=("Free(blocks=(1, 1))",))]}
+    annotate("0.33.0", r, "")      # fixed there: a finding would be new, so a bug to read
+    assert all(f["upstream"] == "" and f["label"] == "bug" for f in r["violations"])

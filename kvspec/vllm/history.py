@@ -59,6 +59,7 @@ class Change:
     level: Optional[str] = None    # "pool", "cache", "engine", or None: any
     message: Optional[str] = None  # a regex the finding's message must contain
     where: Optional[str] = None    # a regex its code location / key part must contain
+    op: Optional[str] = None       # the kind of operation that broke it ("Free")
 
     @property
     def policy(self) -> bool:
@@ -70,7 +71,8 @@ class Change:
                 and (self.caching is None or caching == self.caching)
                 and (self.level is None or finding.get("level") == self.level)
                 and (self.message is None or re.search(self.message, finding.get("message") or "") is not None)
-                and (self.where is None or re.search(self.where, finding.get("where") or "") is not None))
+                and (self.where is None or re.search(self.where, finding.get("where") or "") is not None)
+                and (self.op is None or (finding.get("steps_text") or [""])[-1].startswith(self.op + "(")))
 
 
 KNOWN_CHANGES = (
@@ -99,6 +101,34 @@ KNOWN_CHANGES = (
            "offset over the same tokens gets the same block hash; fixed by vllm-project/vllm#36708 (\"disambiguate "
            "multimodal prefix cache keys\", merged 2026-03-10), first read fixed in 0.19.0 (0.18.x not read)",
            level="cache", message=r"extra keys \(.*\(\('"),
+    Change("0.9.0", "0.19.0", "HASH_CHAIN", True,
+           "vllm-project/vllm#36708 (as above): a multimodal item's key without its offset",
+           level="cache", where=r"key part: mm offset"),
+    Change("0.14.0", "0.32.0", "HASH_CHAIN", True,
+           "vllm-project/vllm#30931: the LoRA key is the adapter's name only, so two adapters under one name "
+           "share KV; fixed when the key took (\"lora\", name, path) (read in 0.32.0)",
+           level="cache", where=r"key part: lora path"),
+    Change("0.14.0", "0.32.0", "HASH_CHAIN", True,
+           "vllm-project/vllm#44701 (PR #44706): LoRA name and cache_salt enter the block hash as bare strings, so "
+           "a request salted X shares blocks with LoRA adapter X; tagged keys by 0.32.0",
+           level="cache", where=r"key part: lora name vs salt"),
+    Change("0.10.0", "0.26.0", "I1", None,
+           "vllm-project/vllm#42571 (PR #42615): free_blocks decrements every listed block, then queues every "
+           "block at 0 in a second pass, so a block listed twice (two holders released in one call) is queued "
+           "twice; one loop from 0.26.0 (read; 0.23.x-0.25.x not read)",
+           level="pool", op="Free"),
+    Change("0.10.0", "0.26.0", "ACCOUNTING", None,
+           "vllm-project/vllm#42571 (as above): a block listed twice in one free_blocks call is queued twice",
+           level="pool", op="Free"),
+    Change("0.11.0", "0.26.0", "SLOTS", None,
+           "EAGLE lookahead slots not reserved for a request with no computed tokens "
+           "(effective_lookahead_tokens = 0 if num_computed_tokens == 0), so the drafter writes past the table: "
+           "introduced by vllm-project/vllm#20340, fixed by #43733 (read fixed in 0.26.0)",
+           level="engine", message=r"lookahead"),
+    Change("0.9.0", "0.9.1", "NO_CRASH", None,
+           "vllm-project/vllm#18829: with a KV connector, aborting a request still waiting asserts in "
+           "KVCacheManager.get_block_ids (AssertionError); fixed by #18485",
+           level="engine", message=r"get_block_ids"),
 )
 
 
