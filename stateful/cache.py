@@ -25,13 +25,29 @@ NUM_CHUNKS = 3
 GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,chunked:4", "swa:3",
                "full,swa:2,chunked:4")
 HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
-# Extra-key labels, drawn from one shared alphabet (A, B) so that identities collide: a
-# salt equal to an adapter's name (salt:A, lora:A), one name for two adapters (lora:A is
-# adapter A at path A, lora:A@B the one at path B), the same multimodal item at two
-# offsets (mm:A@1, mm:A@2) and twice in one prompt. A multimodal hash always names the
-# same one-token input. The reference model says what is the same KV (spec.model.groups).
-EXTRAS = ("lora:A", "lora:B", "salt:A", "salt:B", "lora:A@B", "mm:A@1", "mm:B@1", "mm:A@2", "lora:A;salt:A",
-          "lora:B@A;salt:B", "mm:A@0;mm:A@2", "lora:A;mm:B@1")
+# Extra keys, drawn as colliding identities (issue 37): an example with extra keys draws
+# one PAIR of labels from a shared alphabet (A, B) and each admission then draws one of
+# the two, or none. Each pair is two identities that must not share KV but that a key
+# layout can confuse: a salt equal to an adapter's name (vLLM #44701), one name for two
+# adapters (lora:A is adapter A at path A, lora:A@B the one at path B: #30931), the same
+# multimodal item at another offset (#36708) or twice in one prompt. Drawing from a pair,
+# not from every label, is what makes two admissions of one example collide: drawn from
+# all 12 labels (or none), two admissions formed a given pair about once in 300. A
+# multimodal hash always names the same one-token input. The reference model says what
+# is the same KV (spec.model.groups).
+IDENTITY_PAIRS = (
+    ("lora:A", "salt:A"),
+    ("lora:A", "lora:A@B"),
+    ("lora:B@A;salt:B", "lora:B;salt:B"),
+    ("mm:A@1", "mm:A@2"),
+    ("mm:A@0;mm:A@2", "mm:A@1"),
+    ("lora:A;salt:A", "lora:B;mm:B@1"),   # nothing alike: every part differs
+)
+EXTRAS = tuple(dict.fromkeys(label for pair in IDENTITY_PAIRS for label in pair))   # every label drawn
+
+
+def _kinds(label: str) -> set:
+    return {item.partition(":")[0] for item in label.split(";")}
 
 # Swarm testing (Groce et al., ISSTA 2012): an example first draws which features it
 # exercises, then draws only those. A plain example is the single-group ``full`` layout
@@ -49,24 +65,28 @@ FEATURES = ("groups", "max_model_len", "chunk", "external", "extra", "drafts")
 # drawn from a fixed range and cut to the prompt.
 _CHUNK = st.integers(1, 16)
 _EXTERNAL = st.integers(0, 16)
-_EXTRA = st.one_of(st.none(), st.sampled_from(EXTRAS))
 _DRAFT_COUNT = st.integers(0, 3)
 _MAX_MODEL_LEN = st.integers(3, 16)
 _SMALL = st.integers(1, 4)
 
 
 @lru_cache(maxsize=None)
-def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The hybrid group specs and extra-key labels a target lacking ``missing`` (features,
-    as in ``Traits.cache_missing``: an older vLLM release) can take; with nothing
-    missing, HYBRID_SPECS and EXTRAS."""
+def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The hybrid group specs and identity pairs (extra-key labels) a target lacking
+    ``missing`` (features, as in ``Traits.cache_missing``: an older vLLM release) can take;
+    with nothing missing, HYBRID_SPECS and IDENTITY_PAIRS. A pair is kept only whole."""
     def spec_ok(spec: str) -> bool:
         kinds = [p.partition(":")[0] for p in spec.split(",")]
         return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
             and (len(set(kinds)) < 3 or "three_kinds" not in missing)
     specs = tuple(s for s in HYBRID_SPECS if spec_ok(s))
-    extras = tuple(e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing)
-    return specs, extras
+    pairs = tuple(p for p in IDENTITY_PAIRS if not (_kinds(p[0]) | _kinds(p[1])) & missing)
+    return specs, pairs
+
+
+@lru_cache(maxsize=None)  # one strategy per pair: building it per draw is slow
+def _extra_of(pair: tuple[str, str]) -> st.SearchStrategy:
+    return st.sampled_from((None,) + pair)
 
 
 def plain_layout_probability() -> float:
@@ -123,12 +143,15 @@ class CacheMachine(KVMachine):
             extra["kv_groups"] = self.kv_groups or spec
             extra["max_model_len"] = (data.draw(_MAX_MODEL_LEN, label="max_model_len")
                                       if "max_model_len" in self.enabled else None)
+            self.identities = (data.draw(st.sampled_from(self._drawable[1]), label="identity pair")
+                               if "extra" in self.enabled else None)
         elif self.kv_groups is not None:
             extra["kv_groups"] = self.kv_groups
         self.start(Config(level="cache", num_blocks=n, block_size=bs, caching=self.draw_caching(data), **extra))
 
     # -- KV-cache groups, chunked prefill, drafts, extra keys, connector tokens ----------
     kv_groups: Optional[str] = None   # pinned by --kv-groups; None: drawn where the target supports groups
+    identities: Optional[tuple[str, str]] = None   # this example's identity pair (feature "extra")
 
     @property
     def features(self) -> bool:
@@ -168,9 +191,7 @@ class CacheMachine(KVMachine):
         if "external" in on:
             out["external"] = min(data.draw(_EXTERNAL, label="external"), n)
         if new and "extra" in on:
-            extras = self._drawable[1]
-            out["extra"] = data.draw(_EXTRA if len(extras) == len(EXTRAS) else st.one_of(st.none(), st.sampled_from(extras)),
-                                     label="extra")
+            out["extra"] = data.draw(_extra_of(self.identities), label="extra")
         return out
 
     def _steppable(self) -> list[str]:

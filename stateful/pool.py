@@ -40,7 +40,15 @@ class PoolMachine(KVMachine):
     @precondition(lambda self: self.session and self.m.held())
     @rule(data=st.data())
     def free(self, data):
-        self.run(Free(tuple(data.draw(_ordered_subset(self.m.held()), label="blocks"))))
+        blocks = data.draw(_ordered_subset(self.m.held()), label="blocks")
+        # A block held twice (touched) may be released twice in one call, as an engine
+        # freeing two requests' shared block at once does: one free_blocks([b, b]) that
+        # must queue it once (vLLM #42571). Drawn only where such a block is freed.
+        shared = [b for b in blocks if self.m.ref[b] > 1]
+        if shared and data.draw(st.booleans(), label="release twice"):
+            b = data.draw(st.sampled_from(shared), label="twice")
+            blocks.insert(blocks.index(b) + 1, b)
+        self.run(Free(tuple(blocks)))
 
     @precondition(lambda self: self.session and self.supports("Touch") and (self.m.cached() or self.m.held()))
     @rule(data=st.data())

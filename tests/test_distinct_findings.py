@@ -149,7 +149,10 @@ def test_caller_bug_is_reported_as_a_bug_at_the_cache_level(capsys, tmp_path):
     assert rc == 1 and d["robustness"] == []
     crash = [v for v in d["violations"] if v["invariant"] == "NO_CRASH"]
     assert crash, [v["message"] for v in d["violations"]]
-    v = crash[0]
-    assert v["label"] == "bug" and v["caller_bug"].startswith("KVCacheManager.allocate_slots")
-    assert v["signature"].startswith("NO_CRASH on Step at BlockPool.get_new_blocks")
+    # The negative count breaks the pool wherever it lands first (get_new_blocks, or a
+    # cache_full_blocks after it): which comes first depends on the draws, and every one
+    # is the caller's bug.
+    assert all(v["label"] == "bug" and v["caller_bug"].startswith("KVCacheManager.allocate_slots") for v in crash), crash
+    v = next((v for v in crash if v["signature"].startswith("NO_CRASH on Step at BlockPool.get_new_blocks")), None)
+    assert v is not None, [v["signature"] for v in crash]
     assert Path(v["repro"]).is_file()

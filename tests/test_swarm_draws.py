@@ -120,3 +120,13 @@ def test_adapter_keyed_by_name_is_found_within_bounded_examples(tmp_path):
     adapters = {parse_extra(op.extra).lora for op in f.steps if isinstance(op, Admit) and op.extra}
     adapters.discard(None)
     assert len({a.partition("@")[0] for a in adapters}) < len(adapters), adapters
+
+
+def test_each_identity_pair_is_two_identities():
+    """An example draws one pair and each admission one of its two labels (or none): every
+    pair must be two identities the model keeps apart, or it could find nothing."""
+    from kvspec.stateful.cache import EXTRAS, IDENTITY_PAIRS
+
+    for a, b in IDENTITY_PAIRS:
+        assert parse_extra(a).upto(4) != parse_extra(b).upto(4), (a, b)
+    assert set(EXTRAS) == {label for pair in IDENTITY_PAIRS for label in pair}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.stateful.cache import EXTRAS, HYBRID_SPECS, drawable
+from kvspec.stateful.cache import HYBRID_SPECS, IDENTITY_PAIRS, drawable
 from kvspec.vllm.compat import FEATURES, CacheApi
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +26,7 @@ def _tool():
 
 
 def test_nothing_missing_draws_every_layout_and_key():
-    assert drawable(frozenset()) == (HYBRID_SPECS, EXTRAS)
+    assert drawable(frozenset()) == (HYBRID_SPECS, IDENTITY_PAIRS)
 
 
 @pytest.mark.parametrize("missing", [{"groups"}, {"chunked"}, {"swa", "chunked"}, {"groups", "chunked", "mm"},
@@ -42,14 +42,15 @@ def test_a_missing_feature_is_never_drawn(missing):
         assert not kinds & missing
         assert "groups" not in missing or len(spec.split(",")) == 1
         assert "three_kinds" not in missing or len(kinds) < 3
-    for label in extras:
+    for label in (label for pair in extras for label in pair):
         assert not {i.partition(":")[0] for i in label.split(";")} & missing
     # and nothing drawable is dropped: every layout and key that avoids them stays
     keep = [s for s in HYBRID_SPECS if not {p.partition(":")[0] for p in s.split(",")} & missing
             and ("groups" not in missing or "," not in s)
             and ("three_kinds" not in missing or len({p.partition(":")[0] for p in s.split(",")}) < 3)]
     assert list(specs) == keep
-    assert len(extras) == len([e for e in EXTRAS if not {i.partition(":")[0] for i in e.split(";")} & missing])
+    assert list(extras) == [p for p in IDENTITY_PAIRS
+                            if not {i.partition(":")[0] for e in p for i in e.split(";")} & missing]
 
 
 def test_a_release_without_several_groups_never_draws_a_hybrid_layout():

@@ -6,9 +6,10 @@ for the others) and the ``GroupCacheModel``; with any other model they find noth
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
-from kvspec.spec.model.groups import cdiv
+from kvspec.spec.model.groups import cdiv, lost_identity
 from kvspec.spec.model.hybrid import GroupCacheModel
 from kvspec.spec.ops import Admit, Prefill, Step
 from kvspec.spec.violation import Violation
@@ -92,8 +93,9 @@ def hit_content(ctx) -> list[Violation]:
             want = m.gkey(q, g, i)
             if have is not None and have != want:
                 from kvspec.spec.shadow import _show
-                return [ctx.v("HASH_CHAIN", f"{rid} hit block {b} as its block {i} (group {g}), but that block's hash "
-                                            f"stands for {_show(have)}; {rid} needs {_show(want)}", [b], [rid])]
+                v = ctx.v("HASH_CHAIN", f"{rid} hit block {b} as its block {i} (group {g}), but that block's hash "
+                                        f"stands for {_show(have)}; {rid} needs {_show(want)}", [b], [rid])
+                return [replace(v, where=lost_identity(have, want))]   # the same bug as the collision behind it
     return []
 
 

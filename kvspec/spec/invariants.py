@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from kvspec.spec.config import Config
 from kvspec.spec.model import CacheModel, PoolModel
+from kvspec.spec.model.groups import lost_identity
 from kvspec.spec.observation import Observation
 from kvspec.spec.blame import crash_words
 from kvspec.spec.misuse import documented_errors
@@ -293,9 +294,13 @@ def hash_chain(ctx: StepContext) -> list[Violation]:
     for b in o.usable_ids():
         h, key = o.blocks[b].hash, pool.hash[b] if b < len(pool.hash) else None
         if h is not None and key is not None:
+            had = ctx.hashes.key_of(h)
             problem = ctx.hashes.pair(h, key)
             if problem:
-                return [ctx.v("HASH_CHAIN", f"block {b}: {problem}", [b])]
+                v = ctx.v("HASH_CHAIN", f"block {b}: {problem}", [b])
+                if had is not None and had != key:  # one hash, two contents: which part it lost
+                    v = replace(v, where=lost_identity(had, key))
+                return [v]
     return []
 
 

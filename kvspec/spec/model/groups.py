@@ -158,3 +158,42 @@ def parse_extra(label: Optional[str]) -> Extra:
         else:
             raise ValueError(f"bad extra key {item!r}: expected lora:NAME[@PATH], salt:S or mm:HASH@OFFSET[+LENGTH]")
     return Extra(lora, salt, tuple(sorted(mm, key=lambda m: m[1])))
+
+
+# -- which part of an identity a hash collision lost ------------------------------------------
+def _parts(key) -> tuple:
+    """A content key (``prefix`` of group 0 without extra keys, or ``(group, extra, prefix)``,
+    see ``GroupCacheModel.gkey``) -> ``(group, lora, salt, mm, prefix)``."""
+    if isinstance(key, tuple) and len(key) == 3 and isinstance(key[2], tuple) and isinstance(key[1], tuple) \
+            and len(key[1]) in (0, 3):
+        g, extra, prefix = key
+        lora, salt, mm = extra or (None, None, ())
+        return g, lora, salt, mm, prefix
+    return 0, None, None, (), key
+
+
+def lost_identity(a, b) -> str:
+    """What tells apart two content keys that a target hashed alike: the part of the
+    identity its hash leaves out, named for the bug it stands for (a LoRA name read as a
+    salt, one name for two adapters, a multimodal item's offset, ...). Two collisions that
+    lose different parts are distinct bugs (``Violation.where`` of HASH_CHAIN), so a search
+    goes on past the first to the next."""
+    ga, la, sa, ma, pa = _parts(a)
+    gb, lb, sb, mb, pb = _parts(b)
+    lost = []
+    if pa != pb:
+        lost.append("tokens")
+    if ga != gb:
+        lost.append("group")
+    if la != lb and sa != sb and (la, sa) == (sb, lb):
+        lost.append("lora name vs salt")   # the same string in the other kind's place
+    else:
+        if la != lb:
+            same_name = None not in (la, lb) and la.partition("@")[0] == lb.partition("@")[0]
+            lost.append("lora path" if same_name else "lora")
+        if sa != sb:
+            lost.append("salt")
+    if ma != mb:
+        same_items = [h for h, _ in ma] == [h for h, _ in mb]
+        lost.append("mm offset" if same_items else "mm")
+    return "key part: " + (", ".join(lost) or "none")
