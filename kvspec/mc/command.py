@@ -50,6 +50,13 @@ def _text(a: argparse.Namespace, r: MCResult, declaration: str = "") -> str:
              f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork or 'not chosen yet'}"
              + (f", {r.workers} workers" if r.workers > 1 else "")
              + (f", states kept packed from depth {r.packed_from}" if r.packed_from is not None else "") + ")"]
+    if r.collision is not None:
+        # as TLC prints them (kvspec.mc.fingerprint.collision_odds)
+        c = r.collision
+        lines.append(f"  seen set: {c['fingerprints']:,} 64-bit fingerprints ({r.seen_bytes / 2 ** 20:.1f} MiB); "
+                     f"probability of a fingerprint collision: optimistic {c['optimistic']:.2g}"
+                     + (f", from the actual fingerprints {c['actual']:.2g}" if c.get("actual") is not None else "")
+                     + (f"; levels on disk from depth {r.disk_from}" if r.disk_from is not None else ""))
     if declaration:
         lines.insert(1, f"  declaration: {declaration}")
     if r.verdict == "incomplete":

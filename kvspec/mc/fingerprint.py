@@ -20,6 +20,7 @@ import pickle
 from array import array
 from typing import Any, Iterable, Optional
 
+import numpy as np
 import xxhash
 
 _hash = xxhash.xxh3_64_intdigest
@@ -126,7 +127,11 @@ def collision_odds(n: int, fps: Optional[Iterable[int]] = None) -> dict:
     ``actual`` (1 / the smallest gap between two of them, sorted)."""
     out: dict = {"fingerprints": n, "optimistic": n * (n - 1) / 2 / 2.0 ** 64, "actual": None}
     if fps is not None and n > 1:
-        s = sorted(fps)
-        gap = min(b - a for a, b in zip(s, s[1:]))
+        if isinstance(fps, FingerprintSet):   # sorted as 8-byte words, not Python ints
+            a = np.frombuffer(fps.table, dtype=np.uint64)
+            a = np.sort(a[a != 0])
+        else:
+            a = np.sort(np.fromiter(fps, dtype=np.uint64))
+        gap = int(np.diff(a).min())
         out["actual"] = 1.0 / gap if gap else 1.0
     return out

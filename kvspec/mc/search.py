@@ -104,6 +104,21 @@ remembered lists: in a state with the same ``enumerate_ops.pool_ops_key``, which
 ``misuse_reason`` reads). tests/test_mc_modes.py compares each answer with the model's
 own. The search runs with fewer cyclic garbage collections (``kvspec.mc.collector``).
 
+What is kept per state (as TLC keeps it)
+---------------------------------------
+The seen set holds each canonical key's 64-bit fingerprint (``kvspec.mc.fingerprint``:
+xxh3_64 of the marshalled key, in an open-addressing table of 16 to 32 bytes a state);
+``MCResult.collision`` gives TLC's two estimates of the odds that two states were merged
+(``seen="exact"`` keeps the keys themselves, for tests and for the doubtful). The path to a
+state is its parent's number and the op's index in the parent's list of enabled ops, 16
+bytes a state in a file (``kvspec.mc.trace``); a counterexample is rebuilt from it by
+replaying those ops, which lists the same ops (the enabled ops are a function of the
+state). Once the search has grown past ``PACK_AT`` of its memory cap (or from the start
+with ``frontier="disk"``), each level's states go packed to a file, read back in order
+(``kvspec.mc.frontier``). So past that point memory grows by the seen set only. None of
+this changes the order of transitions, so states, levels and counterexamples are the ones
+of the exact search (tests/test_mc_fingerprint.py).
+
 Counting: ``states`` are distinct canonical states (the initial one included), each
 reached and checked; ``transitions`` are the ops tried, each one a real step of the
 target plus its checks (all of them with ``check_once=False``); ``states_per_second`` is states / wall seconds of
@@ -127,7 +142,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from kvspec.mc.canonical import KeyMemo, compact, state_key
 from kvspec.mc.collector import fewer_collections
@@ -223,8 +238,29 @@ class MCResult:
 # searches run at full speed, large ones reach further before the cap. Packing changes
 # no state, transition or counterexample (tests/test_mc_modes.py).
 PACK_AT = 0.25
-# TLC's second collision estimate sorts the fingerprints: done up to this many states
-COLLISION_ACTUAL_UP_TO = 1 << 24
+# TLC's second collision estimate sorts the fingerprints (8 bytes each, numpy): up to this many
+COLLISION_ACTUAL_UP_TO = 1 << 27
+
+
+def op_lister(config: Config, bounds: Bounds, unsupported: Any = frozenset()) -> Callable[[Session, dict], EnabledOps]:
+    """``ops_of(session, extra)``: a state's enabled ops with the model's misuse answers
+    (at pool level remembered under ``pool_ops_key``: the same inputs, the same ops)."""
+    cache = config.level == "cache"
+    ops_memo: dict = {}
+
+    def ops_of(s: Session, extra: dict) -> EnabledOps:
+        if cache:
+            return with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+                                                     prompt_lens=extra["prompt_lens"]), unsupported)
+        m = s.model
+        mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
+        ops = ops_memo.get(mk) if mk is not None else None
+        if ops is None:
+            ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
+            if mk is not None and len(ops_memo) < 1 << 16:
+                ops_memo[mk] = ops
+        return ops
+    return ops_of
 
 
 def _next_extra(extra: dict, op: Op) -> dict:
@@ -392,21 +428,7 @@ class _Search:
 
         unsupported = getattr(target.traits, "unsupported_ops", frozenset())
 
-        ops_memo: dict = {}
-
-        def ops_of(s: Session, extra: dict) -> EnabledOps:
-            if cache:
-                ops = with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
-                                                    prompt_lens=extra["prompt_lens"]), unsupported)
-            else:
-                m = s.model
-                mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
-                ops = ops_memo.get(mk) if mk is not None else None
-                if ops is None:
-                    ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
-                    if mk is not None and len(ops_memo) < 1 << 16:
-                        ops_memo[mk] = ops
-            return ops
+        ops_of = op_lister(config, bounds, unsupported)
 
         sym = bounds.symmetry
         forker = self.forker = choose_fork(s0, ops_of(s0, extra0)[:3], self.fork, check=check)

@@ -20,11 +20,22 @@ _FLUSH = 1 << 16   # records buffered before they go to the file
 class ParentLog:
     """Append-only (parent, op index) per state, on disk with the newest in memory."""
 
-    def __init__(self, directory: Optional[str] = None) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="kvspec-mc-trace-", dir=directory)
-        self.f = os.fdopen(fd, "w+b")
-        self.on_disk = 0                                  # records in the file
-        self.parent, self.op = array("q", [-1]), array("i", [-1])   # state 0: the initial state
+    def __init__(self, directory: Optional[str] = None, path: Optional[str] = None, initial: bool = True) -> None:
+        """A temporary file in ``directory``, removed on ``close``; or the file ``path``,
+        kept (a checkpoint, ``kvspec.mc.distributed``: records already there are read
+        back, and ``initial`` applies to a new file only). ``initial``: record 0 is the
+        initial state (parent -1)."""
+        self.keep = path is not None
+        if path is None:
+            fd, self.path = tempfile.mkstemp(prefix="kvspec-mc-trace-", dir=directory)
+            self.f = os.fdopen(fd, "w+b")
+        else:
+            self.path = path
+            self.f = open(path, "a+b")
+        self.f.seek(0, os.SEEK_END)
+        self.on_disk = self.f.tell() // 16                # records in the file
+        fresh = initial and not self.on_disk
+        self.parent, self.op = array("q", [-1] if fresh else []), array("i", [-1] if fresh else [])
 
     def __len__(self) -> int:
         return self.on_disk + len(self.parent)
@@ -49,6 +60,10 @@ class ParentLog:
         self.on_disk += n
         self.parent, self.op = array("q"), array("i")
 
+    def record(self, i: int) -> tuple[int, int]:
+        """State ``i``'s (parent, op index)."""
+        return self._get(i)
+
     def _get(self, i: int) -> tuple[int, int]:
         if i >= self.on_disk:
             j = i - self.on_disk
@@ -67,6 +82,10 @@ class ParentLog:
         return out[::-1]
 
     def close(self) -> None:
+        if self.keep:
+            self.flush()
+            self.f.close()
+            return
         try:
             self.f.close()
         finally:
