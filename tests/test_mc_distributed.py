@@ -69,3 +69,14 @@ def test_two_ray_nodes():
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.mark.parametrize("args, needle", [(["--resume", "--partitions", "2"], "--resume needs --checkpoint"),
+                                          (["--checkpoint", "x"], "go with --partitions")])
+def test_cli_distributed_usage_errors_are_one_line_exit_2(args, needle):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "kvspec", "mc", "--blocks", "2", "--depth", "2", *args],
+                       capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
