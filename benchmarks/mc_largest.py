@@ -177,6 +177,8 @@ def markdown(data: dict) -> str:
                 L.append(f"| {k} | {level} | {r['blocks']} | {r['depth'] or 'whole'} | "
                          f"{r.get('verdict') or r.get('note')} | {r.get('states') or ''} | {r.get('seconds') or ''} | "
                          f"{_mib(r.get('peak_rss_mib'), 1)} | {_mib(r.get('seen_bytes'), 2 ** 20)} | {r['load']:.2f} | {'' if r['ok'] else (r.get('reason') or r.get('note') or '')} |")
+    if data.get("notes"):
+        L += ["", "### Notes", ""] + [f"- {n}" for n in data["notes"]]
     return "\n".join(L) + "\n"
 
 
