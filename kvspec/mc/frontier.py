@@ -18,11 +18,14 @@ _BUFFER = 1 << 20
 
 
 class DiskFrontier:
-    """One level's states, appended and then read back once, in order."""
+    """One level's states, appended and then read back once, in order. The file is
+    unlinked as soon as it is made (only the open file holds it), so a search that is
+    killed leaves nothing behind."""
 
     def __init__(self, directory: Optional[str] = None) -> None:
-        fd, self.path = tempfile.mkstemp(prefix="kvspec-mc-level-", dir=directory)
-        self.f = os.fdopen(fd, "wb", buffering=_BUFFER)
+        fd, path = tempfile.mkstemp(prefix="kvspec-mc-level-", dir=directory)
+        self.f = os.fdopen(fd, "w+b", buffering=_BUFFER)
+        os.unlink(path)
         self.n = 0
         self.bytes = 0
 
@@ -34,23 +37,19 @@ class DiskFrontier:
         self.n += 1
 
     def __iter__(self) -> Iterator[Any]:
-        """The records in the order written (the file is closed for writing first)."""
-        if not self.f.closed:
-            self.f.close()
-        self.bytes = os.path.getsize(self.path)
-        with open(self.path, "rb", buffering=_BUFFER) as f:
-            # (a fresh unpickler per record: one unpickler's memo would outlive a record)
-            load = pickle.load
-            for _ in range(self.n):
-                yield load(f)
+        """The records in the order written."""
+        f = self.f
+        f.flush()
+        self.bytes = f.tell()
+        f.seek(0)
+        # (a fresh unpickler per record: one unpickler's memo would outlive a record)
+        load = pickle.load
+        for _ in range(self.n):
+            yield load(f)
 
     def close(self) -> None:
         if not self.f.closed:
             self.f.close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
 
     def __del__(self) -> None:
         self.close()

@@ -21,14 +21,15 @@ class ParentLog:
     """Append-only (parent, op index) per state, on disk with the newest in memory."""
 
     def __init__(self, directory: Optional[str] = None, path: Optional[str] = None, initial: bool = True) -> None:
-        """A temporary file in ``directory``, removed on ``close``; or the file ``path``,
+        """A temporary file in ``directory``, gone once closed; or the file ``path``,
         kept (a checkpoint, ``kvspec.mc.distributed``: records already there are read
         back, and ``initial`` applies to a new file only). ``initial``: record 0 is the
         initial state (parent -1)."""
         self.keep = path is not None
-        if path is None:
+        if path is None:   # (unlinked at once: only the open file holds it, so a kill leaves nothing)
             fd, self.path = tempfile.mkstemp(prefix="kvspec-mc-trace-", dir=directory)
             self.f = os.fdopen(fd, "w+b")
+            os.unlink(self.path)
         else:
             self.path = path
             self.f = open(path, "a+b")
@@ -86,13 +87,7 @@ class ParentLog:
             self.flush()
             self.f.close()
             return
-        try:
-            self.f.close()
-        finally:
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+        self.f.close()
 
     def __del__(self) -> None:
         if not self.f.closed:
