@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep a 64-bit fingerprint per state, as TLC does (default), or the whole canonical key")
     m.add_argument("--partitions", type=count(1), default=None, metavar="N",
                    help="partition the states by fingerprint over N Ray actors (TLC's distributed mode; "
-                        "a local Ray unless --ray-address); no time or memory cap")
+                        "a local Ray unless --ray-address); --time-cap checked between levels, no memory cap")
     m.add_argument("--ray-address", default=None, help="with --partitions: the Ray cluster to use")
     m.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="with --partitions: write each level's seen sets, states and traces here")

@@ -80,3 +80,8 @@ def test_cli_distributed_usage_errors_are_one_line_exit_2(args, needle):
                        capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_a_time_cap_stops_between_levels_incomplete():
+    r = distributed_check("impl", pool(3), 6, partitions=2, use_ray=False, time_cap=0.0)
+    assert r.verdict == "incomplete" and r.depth == 1 and "time cap" in r.reason and r.seconds > 0

@@ -120,7 +120,8 @@ def _distributed(a: argparse.Namespace, config: Config, bounds: Bounds, parts: i
         raise UsageError("kvspec mc: --resume needs --checkpoint DIR")
     from kvspec.mc.distributed import distributed_check
     return distributed_check(a.target, config, a.depth, bounds, partitions=parts, patch=a.patch,
-                             ray_address=a.ray_address, checkpoint=a.checkpoint, resume=a.resume)
+                             ray_address=a.ray_address, checkpoint=a.checkpoint, resume=a.resume,
+                             time_cap=a.time_cap)
 
 
 def _warn_unwritable(what: str, e: OSError) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -197,10 +198,14 @@ class _OnRay:
 def distributed_check(target: str, config: Config, depth: int, bounds: Optional[Bounds] = None, *,
                       partitions: int = 2, patch: Optional[str] = None, use_ray: bool = True,
                       ray_address: Optional[str] = None, checkpoint: Optional[str] = None, resume: bool = False,
-                      stop_after: Optional[int] = None, invariant: Optional[str] = None) -> MCResult:
+                      stop_after: Optional[int] = None, invariant: Optional[str] = None,
+                      time_cap: Optional[float] = None) -> MCResult:
     """Breadth-first search of every state within ``depth`` ops over ``partitions``
     partitions (Ray actors, one CPU each, with ``use_ray``; a running Ray, or the cluster
-    at ``ray_address``, is used as it is, else a local one is started). See the module doc."""
+    at ``ray_address``, is used as it is, else a local one is started). See the module doc.
+    ``time_cap`` is checked between levels (a level runs to its end): past it the search
+    stops, ``incomplete`` (with ``checkpoint``, resumable from there)."""
+    t0 = time.monotonic()
     bounds = bounds or Bounds()
     n = partitions
     args = (target, patch, config, bounds)
@@ -252,6 +257,9 @@ def distributed_check(target: str, config: Config, depth: int, bounds: Optional[
             if not sum(news):
                 res.exhausted = True
                 break
+            if time_cap is not None and time.monotonic() - t0 > time_cap and d < depth:
+                res.verdict, res.reason = "incomplete", f"time cap of {time_cap:g} s reached after depth {d}"
+                break
             if stop_after is not None and d - start + 1 >= stop_after:
                 res.verdict, res.reason = "incomplete", f"stopped after depth {d} (stop_after)"
                 break
@@ -265,6 +273,7 @@ def distributed_check(target: str, config: Config, depth: int, bounds: Optional[
         res.nodes = sorted(set(get([h.call("node") for h in handles])))  # type: ignore[attr-defined]
     finally:
         get([h.call("close") for h in handles])
+    res.seconds = time.monotonic() - t0
     return res
 
 
