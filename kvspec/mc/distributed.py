@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -97,11 +98,11 @@ class Partition:
         return _next_extra(extra, op) if self.cache else extra
 
     def node(self) -> str:
-        try:
-            import ray
-            return ray.get_runtime_context().get_node_id()
-        except Exception:
+        """The Ray node it runs on ("local" outside Ray: asking Ray there would start one)."""
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
             return "local"
+        return ray.get_runtime_context().get_node_id()
 
     def expand(self, last: bool) -> list:
         """Phase 1: this partition's frontier expanded; one outbox per partition (the

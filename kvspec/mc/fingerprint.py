@@ -112,7 +112,8 @@ class FingerprintSet:
 
     def to_bytes(self) -> bytes:
         """The fingerprints, for a checkpoint (``from_bytes`` reads them back)."""
-        return array("Q", iter(self)).tobytes()
+        a = np.frombuffer(self.table, dtype=np.uint64)
+        return a[a != 0].tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "FingerprintSet":
