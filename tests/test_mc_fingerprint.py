@@ -140,3 +140,13 @@ def test_parallel_search_keeps_fingerprints_and_counts(impl):
 def test_unknown_modes_are_refused(impl):
     with pytest.raises(ValueError):
         model_check(impl, pool(2), 2, seen="bloom")
+
+
+def test_auto_goes_to_disk_past_disk_at_with_the_same_counts(impl, monkeypatch):
+    from kvspec.mc import search
+    plain = model_check(impl, pool(3), 6, frontier="memory")
+    monkeypatch.setattr(search, "PACK_AT", -1.0)   # packed, then on disk, as soon as asked
+    monkeypatch.setattr(search, "DISK_AT", -1.0)
+    auto = model_check(impl, pool(3), 6)
+    assert auto.packed_from is not None and auto.disk_from is not None and plain.disk_from is None
+    assert (auto.states, auto.transitions, auto.levels) == (plain.states, plain.transitions, plain.levels)
