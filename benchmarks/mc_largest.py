@@ -87,12 +87,18 @@ def run_one(root: Path, level: str, blocks: int, depth: int, cap: float) -> dict
     return {"blocks": blocks, "depth": depth, "ok": ok, "verdict": r.get("verdict"), "states": r.get("states"),
             "transitions": r.get("transitions"), "seconds": r.get("seconds"), "exhausted": r.get("exhausted"),
             "wall_s": round(wall, 2), "reason": r.get("reason"), "load": load,
+            "peak_rss_mib": r.get("peak_rss_mib"), "seen_bytes": r.get("seen_bytes"),
+            "collision": r.get("collision"), "disk_from": r.get("disk_from"), "disk_bytes": r.get("disk_bytes"),
             "command": "kvspec " + " ".join(shlex.quote(a) for a in argv)}
 
 
-def ladder(root: Path, level: str, cap: float, most: Optional[int], tag: str) -> list[dict]:
+def ladder(root: Path, level: str, cap: float, most: Optional[int], tag: str,
+           start: Optional[tuple[int, int]] = None) -> list[dict]:
+    rungs = LADDERS[level]["ladder"]
+    if start is not None:   # (--start: the smaller rungs are skipped)
+        rungs = rungs[rungs.index(start):]
     out = []
-    for blocks, depth in LADDERS[level]["ladder"][:most]:
+    for blocks, depth in rungs[:most]:
         r = run_one(root, level, blocks, depth, cap)
         out.append(r)
         print(f"[mc_largest] {tag} {level} blocks {blocks} depth {depth or 'whole'}: "
@@ -135,6 +141,10 @@ def _cell(r: Optional[dict]) -> str:
             f"{r['seconds']:.1f} s")
 
 
+def _mib(x: Optional[float], unit: float) -> str:
+    return "" if x is None else f"{x / unit:,.1f}"
+
+
 def markdown(data: dict) -> str:
     cap = data["cap"]
     L = [f"## Largest configuration `kvspec mc` exhausts within {cap:g} s", "",
@@ -158,14 +168,17 @@ def markdown(data: dict) -> str:
               "and with KV-cache groups the model checker also enumerates chunked, keyed and connector "
               "admissions, Prefill, drafts and Verify (issue 11). Compare those rows by states per "
               "second in the table below, not by configuration size."]
-    L += ["", "### Every run", "", "| rev | level | blocks | depth | verdict | states | search s | load | stopped by |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    L += ["", "### Every run", "",
+          "| rev | level | blocks | depth | verdict | states | search s | peak RSS MiB | seen set MiB | load | stopped by |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in revs:
         for level in data["levels"]:
             for r in data["runs"][k].get(level, []):
                 L.append(f"| {k} | {level} | {r['blocks']} | {r['depth'] or 'whole'} | "
                          f"{r.get('verdict') or r.get('note')} | {r.get('states') or ''} | {r.get('seconds') or ''} | "
-                         f"{r['load']:.2f} | {'' if r['ok'] else (r.get('reason') or r.get('note') or '')} |")
+                         f"{_mib(r.get('peak_rss_mib'), 1)} | {_mib(r.get('seen_bytes'), 2 ** 20)} | {r['load']:.2f} | {'' if r['ok'] else (r.get('reason') or r.get('note') or '')} |")
+    if data.get("notes"):
+        L += ["", "### Notes", ""] + [f"- {n}" for n in data["notes"]]
     return "\n".join(L) + "\n"
 
 
@@ -175,6 +188,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--before", default=None, help="an older revision to run the same ladders on (e.g. 01dae75)")
     ap.add_argument("--levels", default="pool,cache,hybrid")
     ap.add_argument("--ladder-max", type=int, default=None, help="at most this many rungs per ladder (a quick try)")
+    ap.add_argument("--start", default="",
+                    help="start ladders at these rungs, e.g. pool:8:12,cache:8:10,hybrid:6:6 (depth 0: whole)")
     ap.add_argument("--out", default="reports")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only write the Markdown report again from a JSON file this script wrote")
@@ -187,6 +202,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     bad = [x for x in levels if x not in LADDERS]
     if bad:
         ap.error(f"unknown level(s) {bad}; choose from {list(LADDERS)}")
+    try:
+        start = {lv: (int(b), int(d)) for lv, b, d in (x.split(":") for x in a.start.split(",") if x)}
+    except ValueError:
+        ap.error(f"--start {a.start!r}: level:blocks:depth,...")
+    bad = [f"{lv}:{b}:{d}" for lv, (b, d) in start.items() if lv not in LADDERS or (b, d) not in LADDERS[lv]["ladder"]]
+    if bad:
+        ap.error(f"--start: no such rung(s) {bad}")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
@@ -203,7 +225,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     trees.append(("after", ROOT, None))
     try:
         for tag, root, _ in trees:
-            data["runs"][tag] = {lv: ladder(root, lv, a.cap, a.ladder_max, tag) for lv in levels}
+            data["runs"][tag] = {lv: ladder(root, lv, a.cap, a.ladder_max, tag, start.get(lv)) for lv in levels}
     finally:
         for _, _, drop in trees:
             if drop is not None:

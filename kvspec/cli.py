@@ -152,6 +152,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--workers", type=count(1), default=1, metavar="N",
                    help="processes for a level-synchronous parallel search (same states and counterexample; "
                         "more than the CPU cores is capped, with a note)")
+    m.add_argument("--seen", choices=["fingerprint", "exact"], default="fingerprint",
+                   help="keep a 64-bit fingerprint per state, as TLC does (default), or the whole canonical key")
+    m.add_argument("--partitions", type=count(1), default=None, metavar="N",
+                   help="partition the states by fingerprint over N Ray actors (TLC's distributed mode; "
+                        "a local Ray unless --ray-address); --time-cap checked between levels, no memory cap")
+    m.add_argument("--ray-address", default=None, help="with --partitions: the Ray cluster to use")
+    m.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="with --partitions: write each level's seen sets, states and traces here")
+    m.add_argument("--resume", action="store_true", help="with --partitions: go on from --checkpoint's last level")
     m.add_argument("--check-once", choices=["on", "off"], default="on",
                    help="run the state invariants once per distinct state, as TLC does (default on)")
     m.add_argument("--time-cap", type=seconds(), default=300.0, metavar="S",

@@ -61,6 +61,7 @@ from __future__ import annotations
 import marshal
 from typing import Any, Hashable, Optional
 
+from kvspec.mc.fingerprint import fingerprint
 from kvspec.spec.observation import Observation
 
 
@@ -319,9 +320,10 @@ class KeyMemo:
     the key (cache level, 3 blocks, depth 6: no measurable gain).
     """
 
-    def __init__(self, level: str, symmetry: bool = True, limit: int = 1 << 18) -> None:
+    def __init__(self, level: str, symmetry: bool = True, limit: int = 1 << 18, fingerprints: bool = False) -> None:
         self.level = level
         self.symmetry = symmetry
+        self.fingerprints = fingerprints   # keep and return the key's 64-bit fingerprint (kvspec.mc.fingerprint)
         self.limit = limit      # entries kept at most (then the memo starts afresh)
         self.memo: dict = {}
         self.hits = 0
@@ -339,6 +341,8 @@ class KeyMemo:
                 return k
         self.misses += 1
         k = compact(state_key(session, extra, self.symmetry))
+        if self.fingerprints:
+            k = fingerprint(k)
         if raw is not None:
             if len(self.memo) >= self.limit:
                 self.memo.clear()

@@ -50,6 +50,13 @@ def _text(a: argparse.Namespace, r: MCResult, declaration: str = "") -> str:
              f"{r.transitions_per_second:,.0f} transitions/s (fork: {r.fork or 'not chosen yet'}"
              + (f", {r.workers} workers" if r.workers > 1 else "")
              + (f", states kept packed from depth {r.packed_from}" if r.packed_from is not None else "") + ")"]
+    if r.collision is not None:
+        # as TLC prints them (kvspec.mc.fingerprint.collision_odds)
+        c = r.collision
+        lines.append(f"  seen set: {c['fingerprints']:,} 64-bit fingerprints ({r.seen_bytes / 2 ** 20:.1f} MiB); "
+                     f"probability of a fingerprint collision: optimistic {c['optimistic']:.2g}"
+                     + (f", from the actual fingerprints {c['actual']:.2g}" if c.get("actual") is not None else "")
+                     + (f"; levels on disk from depth {r.disk_from}" if r.disk_from is not None else ""))
     if declaration:
         lines.insert(1, f"  declaration: {declaration}")
     if r.verdict == "incomplete":
@@ -102,6 +109,21 @@ def _workers(n: int) -> int:
     return n
 
 
+def _distributed(a: argparse.Namespace, config: Config, bounds: Bounds, parts: int) -> MCResult:
+    """``--partitions N``: kvspec.mc.distributed on Ray."""
+    from kvspec.errors import UsageError
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UsageError("kvspec mc: --partitions needs ray (pip install ray)") from None
+    if a.resume and not a.checkpoint:
+        raise UsageError("kvspec mc: --resume needs --checkpoint DIR")
+    from kvspec.mc.distributed import distributed_check
+    return distributed_check(a.target, config, a.depth, bounds, partitions=parts, patch=a.patch,
+                             ray_address=a.ray_address, checkpoint=a.checkpoint, resume=a.resume,
+                             time_cap=a.time_cap)
+
+
 def _warn_unwritable(what: str, e: OSError) -> None:
     print(f"kvspec mc: warning: could not write {what}: {e.strerror or e}", file=sys.stderr)
 
@@ -144,10 +166,16 @@ def cmd_mc(a: argparse.Namespace) -> int:
         config = Config(level=a.level, num_blocks=a.blocks + (1 if target.traits.null_block else 0),
                         block_size=DEFAULT_BLOCK_SIZE, kv_groups=kv_groups, caching=caching, max_model_len=mml)
         bounds = Bounds(requests=a.requests, symmetry=getattr(a, "symmetry", "on") != "off")
-        r = model_check(target, config, a.depth, bounds, time_cap=a.time_cap, mem_cap_gib=a.mem_cap,
-                        progress=sys.stderr.isatty() and not a.json, fork=getattr(a, "fork", "auto"),
-                        check_once=getattr(a, "check_once", "on") != "off", workers=workers,
-                        partial_on_interrupt=True)
+        parts = getattr(a, "partitions", None)
+        if parts:
+            r = _distributed(a, config, bounds, parts)
+        else:
+            if getattr(a, "checkpoint", None) or getattr(a, "resume", False):
+                raise UsageError("kvspec mc: --checkpoint and --resume go with --partitions")
+            r = model_check(target, config, a.depth, bounds, time_cap=a.time_cap, mem_cap_gib=a.mem_cap,
+                            progress=sys.stderr.isatty() and not a.json, fork=getattr(a, "fork", "auto"),
+                            check_once=getattr(a, "check_once", "on") != "off", workers=workers,
+                            partial_on_interrupt=True, seen=getattr(a, "seen", "fingerprint"))
     # (from here a second Ctrl-C ends kvspec as usual: what the search reached comes first)
     if r.verdict == "violation" and r.counterexample is not None:
         r.replayed = confirm(target, config, r)

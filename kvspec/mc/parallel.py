@@ -211,18 +211,11 @@ def _worker(send: Any) -> None:
     send.close()
 
 
-def path_of(parents: list[tuple[int, Optional[Op]]], i: int) -> list[Op]:
-    out = []
-    while i > 0:
-        i, op = parents[i]
-        out.append(op)
-    return out[::-1]
-
-
 def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Session, extra0: dict, seen: set,
                     key_of: Callable,
                     ops_of: Callable, checker: Any, invariant: Optional[str], next_extra: Callable,
-                    parents: list, budget: Any, max_states: Optional[int], ex: Expander) -> str:
+                    parents: Any, path_to: Callable[[int], list[Op]], budget: Any, max_states: Optional[int],
+                    ex: Expander) -> str:
     """The level loop of ``kvspec.mc.search.model_check`` over ``workers`` processes;
     fills ``res`` in and returns the verdict. ``ex`` checks ``budget``'s caps before each
     transition, in every process (a forked worker's memory is its own: each may grow by
@@ -243,7 +236,7 @@ def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Sessio
             for pos, i, op, kind, payload in r["records"]:
                 idx = frontier[pos][3]
                 if kind == FOUND:
-                    res.counterexample, res.violations, res.depth = path_of(parents, idx) + [op], payload, d
+                    res.counterexample, res.violations, res.depth = path_to(idx) + [op], payload, d
                     return "violation"
                 if kind == PRUNED:
                     res.pruned += 1
@@ -259,9 +252,9 @@ def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Sessio
                 seen.add(k)
                 if not checked:
                     unchecked.add(k)
-                parents.append((idx, op))
+                pid = parents.append(idx, i)   # (kvspec.mc.trace.ParentLog)
                 res.states += 1
-                nxt.append(None if last else (state[0], state[1], ex2, len(parents) - 1))
+                nxt.append(None if last else (state[0], state[1], ex2, pid))
                 if max_states is not None and res.states > max_states:
                     res.reason = f"state cap of {max_states} reached at depth {d}"
                     return "incomplete"

@@ -104,6 +104,22 @@ remembered lists: in a state with the same ``enumerate_ops.pool_ops_key``, which
 ``misuse_reason`` reads). tests/test_mc_modes.py compares each answer with the model's
 own. The search runs with fewer cyclic garbage collections (``kvspec.mc.collector``).
 
+What is kept per state (as TLC keeps it)
+---------------------------------------
+The seen set holds each canonical key's 64-bit fingerprint (``kvspec.mc.fingerprint``:
+xxh3_64 of the marshalled key, in an open-addressing table of 16 to 32 bytes a state);
+``MCResult.collision`` gives TLC's two estimates of the odds that two states were merged
+(``seen="exact"`` keeps the keys themselves, for tests and for the doubtful). The path to a
+state is its parent's number and the op's index in the parent's list of enabled ops, 16
+bytes a state in a file (``kvspec.mc.trace``); a counterexample is rebuilt from it by
+replaying those ops, which lists the same ops (the enabled ops are a function of the
+state). Once the search has grown past ``PACK_AT`` of its memory cap, each level's states
+are kept packed, and past ``DISK_AT`` of it they go to a file (from the start with
+``frontier="disk"``), read back in order (``kvspec.mc.frontier``). So past that point
+memory grows by the seen set only. None of
+this changes the order of transitions, so states, levels and counterexamples are the ones
+of the exact search (tests/test_mc_fingerprint.py).
+
 Counting: ``states`` are distinct canonical states (the initial one included), each
 reached and checked; ``transitions`` are the ops tried, each one a real step of the
 target plus its checks (all of them with ``check_once=False``); ``states_per_second`` is states / wall seconds of
@@ -127,7 +143,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from kvspec.mc.canonical import KeyMemo, compact, state_key
 from kvspec.mc.collector import fewer_collections
@@ -140,6 +156,10 @@ from kvspec.spec.violation import Violation
 from kvspec.mc.expand import FOUND, NEW, PRUNED, RECHECKED, Expander
 from kvspec.mc.fork import Fork, choose_fork
 from kvspec.mc.pack import can_pack, decode, encode, registry
+from kvspec.mc.fingerprint import FingerprintSet, collision_odds, fingerprint
+from kvspec.mc.frontier import DiskFrontier
+from kvspec.mc.parallel import flat_obs, obs_of
+from kvspec.mc.trace import ParentLog, replay_path
 from kvspec.mc.split import StepChecker
 from kvspec.mc.budget import Budget, CapReached, refuse_if_too_large, rss_bytes  # noqa: F401 (rss_bytes: re-exported)
 
@@ -168,6 +188,11 @@ class MCResult:
     split_levels: int = 0              # levels it expanded over more than one process
     packed_from: Optional[int] = None  # the depth from which frontier states were kept packed (PACK_AT)
     peak_rss_mib: float = 0.0
+    seen: str = "fingerprint"          # how the seen set keeps a state: its 64-bit fingerprint, or its exact key
+    seen_bytes: int = 0                # the seen set's own memory (the fingerprint table)
+    collision: Optional[dict] = None   # the odds of a fingerprint collision (kvspec.mc.fingerprint.collision_odds)
+    disk_from: Optional[int] = None    # the depth from which levels were kept on disk (kvspec.mc.frontier)
+    disk_bytes: int = 0                # the largest level's file
     interrupted: Optional[str] = None  # "SIGINT" or "SIGTERM" where a signal stopped the search
     repro: Optional[str] = None
     replayed: Optional[bool] = None    # the counterexample, replayed from scratch, fails the same way
@@ -200,6 +225,8 @@ class MCResult:
             "fork_fallbacks": self.fork_fallbacks, "check_once": self.check_once, "state_checks": self.state_checks,
             "workers": self.workers, "split_levels": self.split_levels, "packed_from": self.packed_from,
             "peak_rss_mib": round(self.peak_rss_mib, 1), "interrupted": self.interrupted,
+            "seen": self.seen, "seen_bytes": self.seen_bytes, "collision": self.collision,
+            "disk_from": self.disk_from, "disk_bytes": self.disk_bytes,
             "complete": self.verdict != "incomplete",
         }
 
@@ -212,6 +239,33 @@ class MCResult:
 # searches run at full speed, large ones reach further before the cap. Packing changes
 # no state, transition or counterexample (tests/test_mc_modes.py).
 PACK_AT = 0.25
+# Writing a level to disk and reading it back costs about a quarter more CPU than keeping it
+# packed in memory (pool level, 4 blocks, depth 6, symmetry off: 72-76 s against 57-58 s), so
+# ``frontier="auto"`` packs in memory from PACK_AT and goes to disk from this fraction of the cap.
+DISK_AT = 0.5
+# TLC's second collision estimate sorts the fingerprints (8 bytes each, numpy): up to this many
+COLLISION_ACTUAL_UP_TO = 1 << 27
+
+
+def op_lister(config: Config, bounds: Bounds, unsupported: Any = frozenset()) -> Callable[[Session, dict], EnabledOps]:
+    """``ops_of(session, extra)``: a state's enabled ops with the model's misuse answers
+    (at pool level remembered under ``pool_ops_key``: the same inputs, the same ops)."""
+    cache = config.level == "cache"
+    ops_memo: dict = {}
+
+    def ops_of(s: Session, extra: dict) -> EnabledOps:
+        if cache:
+            return with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
+                                                     prompt_lens=extra["prompt_lens"]), unsupported)
+        m = s.model
+        mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
+        ops = ops_memo.get(mk) if mk is not None else None
+        if ops is None:
+            ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
+            if mk is not None and len(ops_memo) < 1 << 16:
+                ops_memo[mk] = ops
+        return ops
+    return ops_of
 
 
 def _next_extra(extra: dict, op: Op) -> dict:
@@ -254,7 +308,8 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
                 time_cap: float = 300.0, mem_cap_gib: float = 2.0, progress: bool = False,
                 invariant: Optional[str] = None, fork: str = "auto", key_memo: Optional[bool] = None,
                 max_states: Optional[int] = None, check_once: bool = True, workers: int = 1,
-                budget: Optional[Budget] = None, partial_on_interrupt: bool = False) -> MCResult:
+                budget: Optional[Budget] = None, partial_on_interrupt: bool = False,
+                seen: str = "fingerprint", frontier: str = "auto", spill_dir: Optional[str] = None) -> MCResult:
     """Breadth-first search of every state reachable in at most ``depth`` valid ops.
 
     Returns the first (so shortest) failing path as ``counterexample``; with
@@ -267,17 +322,26 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
     verdict ``incomplete`` with the reason. With ``partial_on_interrupt`` (the command
     line), a Ctrl-C or SIGTERM does the same (``MCResult.interrupted`` names the signal);
     otherwise it propagates. ``budget`` replaces the one made from the caps (tests: a
-    fake clock or memory reading)."""
+    fake clock or memory reading).
+
+    ``seen``: ``"fingerprint"`` keeps a 64-bit fingerprint per state (``kvspec.mc.fingerprint``;
+    ``MCResult.collision`` gives the odds that two states were merged), ``"exact"`` the
+    whole canonical key. ``frontier``: ``"disk"`` keeps each level's states in a file
+    (``kvspec.mc.frontier``, in ``spill_dir``), ``"memory"`` in a list, ``"auto"`` in a list
+    packed from ``PACK_AT`` of its memory cap, and on disk from ``DISK_AT``. Neither
+    changes a state, a transition or a counterexample (tests/test_mc_fingerprint.py)."""
+    if seen not in ("fingerprint", "exact") or frontier not in ("auto", "disk", "memory"):
+        raise ValueError(f"seen={seen!r} / frontier={frontier!r}")
     bounds = bounds or Bounds()
     if config.level not in target.traits.levels:
         raise TargetError(f"target {target.name} does not support the {config.level} level")
     if budget is None:
         refuse_if_too_large(config.num_blocks, mem_cap_gib)
         budget = Budget(time_cap, mem_cap_gib, config.num_blocks)
-    res = MCResult("pass", config, bounds, depth, check_once=check_once)
+    res = MCResult("pass", config, bounds, depth, check_once=check_once, seen=seen)
     prog = _Progress(progress)
     run = _Search(target, config, depth, bounds, res, budget, prog, invariant, fork, key_memo, max_states,
-                  check_once, workers)
+                  check_once, workers, frontier, spill_dir)
     try:
         with budget.guard():
             verdict = run.search()
@@ -290,6 +354,8 @@ def model_check(target: Target, config: Config, depth: int, bounds: Optional[Bou
         res.interrupted = _signal_name(e)
         res.reason = f"interrupted ({res.interrupted}) at depth {budget.depth}"
         verdict = "incomplete"
+    finally:
+        run.close()
     res.verdict = verdict
     ex, forker = run.ex, run.forker
     if ex is not None:
@@ -314,13 +380,31 @@ class _Search:
 
     def __init__(self, target: Target, config: Config, depth: int, bounds: Bounds, res: MCResult, budget: Budget,
                  prog: _Progress, invariant: Optional[str], fork: str, key_memo: Optional[bool],
-                 max_states: Optional[int], check_once: bool, workers: int) -> None:
+                 max_states: Optional[int], check_once: bool, workers: int, frontier: str = "auto",
+                 spill_dir: Optional[str] = None) -> None:
         self.target, self.config, self.depth, self.bounds, self.res = target, config, depth, bounds, res
         self.budget, self.prog, self.invariant, self.fork, self.key_memo = budget, prog, invariant, fork, key_memo
         self.max_states, self.check_once, self.workers = max_states, check_once, workers
         self.ex: Optional[Expander] = None
         self.forker: Optional[Fork] = None
         self.frontier_len = 0
+        self.frontier_mode, self.spill_dir = frontier, spill_dir
+        self.seen: Any = None
+        self.parents: Optional[ParentLog] = None
+        self.files: list[DiskFrontier] = []
+
+    def close(self) -> None:
+        """The seen set's size and collision odds into ``res``; the files removed."""
+        res, seen = self.res, self.seen
+        if isinstance(seen, FingerprintSet):
+            res.seen_bytes = seen.nbytes
+            res.collision = collision_odds(len(seen), seen if len(seen) <= COLLISION_ACTUAL_UP_TO else None)
+        for f in self.files:
+            res.disk_bytes = max(res.disk_bytes, f.bytes)
+            f.close()
+        self.files = []
+        if self.parents is not None:
+            self.parents.close()
 
     def _poll(self, now: float) -> None:   # progress, from Budget.check (at most every RSS_EVERY_S)
         ex = self.ex
@@ -349,21 +433,7 @@ class _Search:
 
         unsupported = getattr(target.traits, "unsupported_ops", frozenset())
 
-        ops_memo: dict = {}
-
-        def ops_of(s: Session, extra: dict) -> EnabledOps:
-            if cache:
-                ops = with_misuses(s.model, enabled_ops(s.model, config, bounds, next_request=extra["next_request"],
-                                                    prompt_lens=extra["prompt_lens"]), unsupported)
-            else:
-                m = s.model
-                mk = pool_ops_key(m, s.hashes.k2t, bounds.labels)
-                ops = ops_memo.get(mk) if mk is not None else None
-                if ops is None:
-                    ops = with_misuses(m, enabled_ops(m, config, bounds, used_labels=s.hashes.k2t.keys()), unsupported)
-                    if mk is not None and len(ops_memo) < 1 << 16:
-                        ops_memo[mk] = ops
-            return ops
+        ops_of = op_lister(config, bounds, unsupported)
 
         sym = bounds.symmetry
         forker = self.forker = choose_fork(s0, ops_of(s0, extra0)[:3], self.fork, check=check)
@@ -372,14 +442,15 @@ class _Search:
         checker = StepChecker() if self.check_once else None
         forker.shared["step_check"] = checker
         s0.step_check = checker
-        parents: list[tuple[int, Optional[Op]]] = [(-1, None)]
+        parents = self.parents = ParentLog(self.spill_dir)
+
+        def next_extra(extra: dict, op: Op) -> dict:
+            return _next_extra(extra, op) if cache else extra
 
         def path_to(i: int) -> list[Op]:
-            out = []
-            while i > 0:
-                i, op = parents[i]
-                out.append(op)
-            return out[::-1]
+            # the ops back from the op indices kept per state (kvspec.mc.trace), replayed
+            return replay_path(parents.indices(i), lambda: Session(target, config, incremental=False), ops_of,
+                               extra0, next_extra)
 
         def counterexample(idx: int, op: Op, found: list[Violation], depth: int) -> str:
             res.counterexample = path_to(idx) + [op]
@@ -390,16 +461,20 @@ class _Search:
         key_memo = self.key_memo
         if key_memo is None:
             key_memo = not cache   # at pool level most transitions revisit an exact state (see KeyMemo)
-        key_of = KeyMemo(config.level, sym) if key_memo else (lambda s, extra: compact(state_key(s, extra, sym)))
-        seen = {key_of(s0, extra0)}   # the initial state: every check ran in Session()
+        fps = res.seen == "fingerprint"
+        if key_memo:
+            key_of = KeyMemo(config.level, sym, fingerprints=fps)
+        elif fps:
+            key_of = lambda s, extra: fingerprint(compact(state_key(s, extra, sym)))   # noqa: E731
+        else:
+            key_of = lambda s, extra: compact(state_key(s, extra, sym))   # noqa: E731
+        seen = self.seen = FingerprintSet() if fps else set()
+        seen.add(key_of(s0, extra0))   # the initial state: every check ran in Session()
         check()
         unchecked: set = set()        # keys seen whose state checks have not run on a comparable step
         # Can the saved states be packed: for --workers (they travel between processes so),
         # and past PACK_AT of the memory cap (see PACK_AT). One round trip on s0, asked once.
         packable = can_pack(forker, s0)
-
-        def next_extra(extra: dict, op: Op) -> dict:
-            return _next_extra(extra, op) if cache else extra
 
         if workers > 1:
             from kvspec.mc.parallel import parallel_search
@@ -408,7 +483,7 @@ class _Search:
                 # (not self.ex: the processes' transitions are summed into res level by level)
                 pex = Expander(forker, ops_of, key_of, checker, next_extra, invariant, check=check)
                 return parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker,
-                                       invariant, next_extra, parents, budget, max_states, pex)
+                                       invariant, next_extra, parents, path_to, budget, max_states, pex)
         ex = self.ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant, check=check)
         reg: Optional[dict] = None   # the live objects packed states refer to, once packing is on
         mem_cap = budget.mem_cap
@@ -417,15 +492,33 @@ class _Search:
             """The registry to pack with, once the search has grown past PACK_AT of its cap."""
             return registry(forker) if packable and mem_cap and rss - budget.rss_at_start > PACK_AT * mem_cap else None
 
-        frontier = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
+        mode = self.frontier_mode
+        if mode == "disk" and packable and reg is None:
+            reg = registry(forker)
+        frontier: Any = [(forker.save(s0, lambda: []), s0.obs, extra0, 0)]
         del s0   # (an in-place fork keeps it; the others need it no more)
         tick = 0
         for d in range(1, depth + 1):
             budget.depth = d
             self.frontier_len = len(frontier)
-            nxt: list = []
+            # the next level on disk (never at the depth bound: none kept): always with "disk"; with
+            # "auto" once the search has grown past DISK_AT of its cap (see DISK_AT)
+            disk = reg is not None and d < depth and (
+                mode == "disk" or (mode == "auto" and bool(mem_cap)
+                                   and budget.sample_rss() - budget.rss_at_start > DISK_AT * mem_cap))
+            if disk:
+                nxt: Any = DiskFrontier(self.spill_dir)
+                self.files.append(nxt)
+                if res.disk_from is None:
+                    res.disk_from = d
+            else:
+                nxt = []
+            on_disk = isinstance(frontier, DiskFrontier)
             for j, (saved, obs, extra, idx) in enumerate(frontier):
-                frontier[j] = None   # expanded: let the state go (the path to it is in ``parents``)
+                if on_disk:
+                    obs = obs_of(obs)
+                else:
+                    frontier[j] = None   # expanded: let the state go (the path to it is in ``parents``)
                 if reg is not None:
                     saved = decode(saved, reg)   # (a state saved before packing began passes as it is)
                 for i, op, kind, payload in ex.expand(saved, obs, extra, seen, unchecked):
@@ -441,14 +534,16 @@ class _Search:
                         seen.add(k)
                         if not checked:
                             unchecked.add(k)
-                        parents.append((idx, op))
-                        pid = len(parents) - 1
+                        pid = parents.append(idx, i)
                         res.states += 1
                         if max_states is not None and res.states > max_states:
                             # a cap on work, not time: the same on every machine (kvspec check --max-examples)
                             res.reason = f"state cap of {max_states} reached at depth {d}"
                             return "incomplete"
-                        if d < depth:  # states at the depth bound are checked, never expanded: no copy kept
+                        if disk:
+                            nxt.append((encode(forker, forker.save(s, lambda: path_to(pid)), reg), flat_obs(s.obs),
+                                        ex2, pid))
+                        elif d < depth:  # states at the depth bound are checked, never expanded: no copy kept
                             kept = forker.save(s, lambda: path_to(pid))
                             nxt.append((kept if reg is None else encode(forker, kept, reg), s.obs, ex2, pid))
                         else:
@@ -466,6 +561,10 @@ class _Search:
             res.levels.append(len(nxt))
             res.depth = d
             prog.show(time.monotonic(), start, d, len(nxt), res.states, ex.transitions, force=True)
+            if on_disk:   # read: its file goes
+                res.disk_bytes = max(res.disk_bytes, frontier.bytes)
+                frontier.close()
+                self.files.remove(frontier)
             frontier = nxt
             if not nxt:
                 res.exhausted = True
