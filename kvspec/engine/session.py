@@ -19,6 +19,7 @@ checks go on to its end.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Optional
 
 from kvspec.engine.checks import check_event, check_reset
@@ -33,6 +34,7 @@ from kvspec.spec.violation import Violation
 from kvspec.targets.base import Driver, Target
 from kvspec.targets import watchdog
 from kvspec.targets.watchdog import OpTimeout
+from kvspec.targets.target_output import Tail, streams
 
 
 class _ReplayDriver(Driver):
@@ -82,6 +84,8 @@ class EngineSession:
         self.config = config
         self.traits = target.traits
         self.op_timeout = watchdog.default()
+        self.output = Tail()  # what the engine printed during this session's events
+        self._streams = streams(self.output)
         self.engine: EngineDriver = engine_driver(target, config)
         self._replayed = _Replayed(target, self.engine.observe())
         self.cache = cache_session(self._replayed, dataclasses.replace(config, level="cache", spec_tokens=0),
@@ -120,6 +124,17 @@ class EngineSession:
             return "negative draft or accepted count"
         return None
 
+    def _captured(self, op: Op) -> Optional[StepFacts]:
+        """``_run`` under the op timeout, with what the engine prints (its print()s, its log
+        lines) kept in the session's Tail, as the cache level keeps a target's: never inside
+        --json's stdout."""
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self._streams
+        try:
+            return watchdog.guarded(self.op_timeout, self._run, op)
+        finally:
+            sys.stdout, sys.stderr = saved
+
     def _run(self, op: Op) -> Optional[StepFacts]:
         e = self.engine
         if isinstance(op, Arrive):
@@ -148,7 +163,7 @@ class EngineSession:
         if self.dead:
             return [Violation("NO_CRASH", f"{op!r}: the engine failed earlier and is not driven again")]
         try:
-            facts = watchdog.guarded(self.op_timeout, self._run, op)
+            facts = self._captured(op)
         except OpTimeout as t:
             self.dead = True
             return [Violation("NO_HANG", f"{op!r} did not return within the op timeout of {t.seconds:g} s")]
