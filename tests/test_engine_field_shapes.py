@@ -91,3 +91,30 @@ def test_whether_the_admission_gate_can_see_hits_is_read_from_its_code(cls, expe
 def test_an_undeclared_gate_that_cannot_see_hits_is_checked_as_admitting_all_blocks():
     from kvspec.targets.user_target import load_user_target
     assert load_user_target(f"{SHAPES}:BlockManager").traits.admit_all_blocks is True
+
+
+def test_an_engine_that_logs_to_stdout_keeps_json_one_object(tmp_path):
+    """A scheduler whose module logs to stdout (``logging.StreamHandler(sys.stdout)`` at import,
+    as a public fork does) must not break ``--json``: its lines go to the captured output."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "nanoshapes"
+    shutil.copytree(DATA / "nanoshapes", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    sched = pkg / "engine" / "scheduler.py"
+    text = sched.read_text()
+    text = text.replace("from collections import deque\n", "import logging\nimport sys\nfrom collections import deque\n"
+                        "\nlog = logging.getLogger(__name__)\nlog.addHandler(logging.StreamHandler(sys.stdout))\n"
+                        "log.setLevel(logging.INFO)\n", 1)
+    text = text.replace("    def schedule(self) -> list[tuple[Sequence, int]]:\n",
+                        "    def schedule(self) -> list[tuple[Sequence, int]]:\n        log.info('scheduling now')\n"
+                        "        print('a print from schedule')\n", 1)
+    sched.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "kvspec", "check", "--target", "nanoshapes/engine/block_manager.py:BlockManager",
+                        "--level", "engine", "--max-examples", "3", "--seed", "0", "--json",
+                        "--report-dir", str(tmp_path / "rep")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert "scheduling now" not in r.stdout and "a print from schedule" not in r.stdout, r.stdout[:500]
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "pass", doc.get("error") or doc.get("violations")

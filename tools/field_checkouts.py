@@ -128,6 +128,23 @@ def render(doc: dict[str, Any], classes: dict[str, Any]) -> str:
     return "\n".join(head + rows) + "\n"
 
 
+def merged(files: list[Path]) -> dict[str, Any]:
+    """One document from runs written separately (one level each, run side by side)."""
+    docs = [json.loads(f.read_text()) for f in files]
+    out = {k: docs[0][k] for k in ("command", "when", "head")}
+    out["command"] = " ; ".join(d["command"] for d in docs)
+    by: dict[tuple, dict] = {}
+    for d in docs:
+        for e in d["entries"]:
+            k = (e["repo"], e["sub"])
+            if k in by:
+                by[k]["runs"] += e["runs"]
+            else:
+                by[k] = dict(e, runs=list(e["runs"]))
+    out["entries"] = list(by.values())
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path, default=Path("/tmp/fc"))
@@ -137,11 +154,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--max-examples", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--render-only", action="store_true")
+    ap.add_argument("--merge", nargs="*", default=[], help="with --render-only: run files (one per level) to merge")
     ap.add_argument("--table-out", type=Path, default=Path("/tmp/field-checkouts-table.md"))
     a = ap.parse_args(argv)
     classes = json.loads(CLASSES.read_text()) if CLASSES.is_file() else {}
     if a.render_only:
-        a.table_out.write_text(render(json.loads(OUT_JSON.read_text()), classes))
+        a.table_out.write_text(render(merged([Path(f) for f in a.merge] or [OUT_JSON]), classes))
         return 0
     old = json.loads(OUT_JSON.read_text()) if OUT_JSON.is_file() else {"entries": []}
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()

@@ -243,8 +243,10 @@ def scheduler_arguments(parts: "EngineParts", values: dict[str, Any]) -> Optiona
                   if q.name != "self" and q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
     except (TypeError, ValueError):
         return None
-    if len(params) <= 1 and (not params or "conf" in params[0].name.lower() or _value_for(params[0].name, values) is None):
-        return None
+    required = [q for q in params if q.default is q.empty]
+    if not params or any(w in params[0].name.lower() for w in ("conf", "cfg")) or (
+            len(required) <= 1 and not (required and _value_for(required[0].name, values))):
+        return None  # Scheduler(config[, callbacks=None])
     passed = _passed_to_manager(parts)
     values = {"max_num_seqs": NANO_MAX_NUM_SEQS, **values}  # no Config to take its default from: nano-vllm's
     out: dict[str, Any] = {}
