@@ -88,9 +88,15 @@ def test_whether_the_admission_gate_can_see_hits_is_read_from_its_code(cls, expe
     assert gate_counts_hits(cls) is expected
 
 
-def test_an_undeclared_gate_that_cannot_see_hits_is_checked_as_admitting_all_blocks():
+def test_an_undeclared_gate_that_cannot_see_hits_is_checked_as_admitting_all_blocks_at_the_engine_level():
+    from kvspec.check.session import Session
+    from kvspec.spec.config import Config
     from kvspec.targets.user_target import load_user_target
-    assert load_user_target(f"{SHAPES}:BlockManager").traits.admit_all_blocks is True
+    target = load_user_target(f"{SHAPES}:BlockManager")
+    assert target.traits.admit_all_blocks is False        # the cache level: vLLM's admission, a hint if it differs
+    s = Session(target, Config(level="engine", num_blocks=5, block_size=BS, caching=True))
+    assert s.traits.admit_all_blocks is True and "admit_all_blocks" not in s.traits.hintable
+    assert s.model.admit_all_blocks is True
 
 
 def test_an_engine_that_logs_to_stdout_keeps_json_one_object(tmp_path):

@@ -167,8 +167,8 @@ def declared_nano_traits(manager_cls: type, seq_cls: type, api: str, name: str, 
     names = load_names(manager_cls, source)
     supported = caching_support(manager_cls, seq_cls, make, names)
     defaults = nano_defaults(api, default_caching(supported))
-    if defaults_name == "vLLM's":  # a user class: vLLM's admission, unless its gate cannot see hits
-        defaults["admit_all_blocks"] = gate_counts_hits(manager_cls, names) is False
+    if defaults_name == "vLLM's":
+        defaults["admit_all_blocks"] = False  # a user class: vLLM's admission
     t = declared_traits(nano_traits(manager_cls, seq_cls, api, make), cls=manager_cls, source=source, name=name,
                         defaults=defaults, defaults_name=defaults_name)
     return check_nano_policies(t, name, supported)
