@@ -18,3 +18,11 @@ try:
     m.may_append(s)
 except Exception as e:
     print("may_append raised", type(e).__name__, e)
+
+# ... and the other side: at len % block_size == 0 the token fits the last block (may_append only hashes it),
+# yet can_append asks for a free block and refuses when the pool is empty.
+m2 = BlockManager(1, 4)
+s2 = Sequence([1, 2, 3])
+m2.allocate(s2)
+s2.append_token(4)                        # len 4: position 3 is in block 0, no new block needed
+print("len 4, free blocks", len(m2._free_set), "-> can_append:", m2.can_append(s2))
