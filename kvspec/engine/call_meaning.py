@@ -97,8 +97,8 @@ def _read(fn: Any, holders: set[str], mgr_cls: Optional[type], seq_cls: Optional
         return out
     tables: set[str] = set()
     for node in ast.walk(tree):  # locals bound from a Sequence parameter's table: t = seq.block_table
-        if isinstance(node, ast.Assign) and _is_table(node.value, holders):
-            tables |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and _is_table(node.value, holders):
+            tables |= {t.id for t in _targets(node) if isinstance(t, ast.Name)}
 
     def table(node: ast.AST) -> bool:
         return _is_table(node, holders) or (isinstance(node, ast.Name) and node.id in tables)
@@ -108,8 +108,8 @@ def _read(fn: Any, holders: set[str], mgr_cls: Optional[type], seq_cls: Optional
             out[k] = out.get(k, False) or other.get(k, False)
 
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:  # t: list[int] = ... too
+            for t in _targets(node):
                 if _is_table(t, holders):
                     out["clears" if _empty(node.value) else "grows"] = True
                 elif isinstance(t, ast.Subscript) and table(t.value):
@@ -145,6 +145,11 @@ def _read(fn: Any, holders: set[str], mgr_cls: Optional[type], seq_cls: Optional
                 seen.add((seq_cls, attr))
                 merge(_read(getattr(seq_cls, attr), {"self"}, None, None, seen))
     return out
+
+
+def _targets(node: ast.AST) -> list:
+    """What an assignment binds: ``a = b = v`` or an annotated ``a: T = v``."""
+    return list(node.targets) if isinstance(node, ast.Assign) else [node.target]
 
 
 def _hash_field(node: ast.AST) -> bool:

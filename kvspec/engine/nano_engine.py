@@ -9,7 +9,7 @@ Loading and the stand-in config: ``kvspec.engine.nano_load``.
 Driving. ``arrive`` builds the package's own Sequence (``NanoDriver.new_seq``: its
 constructor by signature, default SamplingParams, the run's block size) with
 ``max_tokens`` set, and calls ``add``. ``step`` calls ``schedule()`` (whose result may be a
-list of sequences, ``(seqs, is_prefill)`` or an object with a ``.sequences``/``.seqs``/
+list of sequences or of ``(seq, scheduled tokens)`` pairs, ``(seqs, is_prefill)`` or an object with a ``.sequences``/``.seqs``/
 ``.scheduled`` field: ``nano_load.check_scheduler`` refuses other shapes before the first
 step, ``_batch`` any it meets later), reads what it decided
 (the batch, each sequence's scheduled tokens: ``num_scheduled_tokens`` where the package
@@ -59,13 +59,14 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from kvspec.engine.nano_load import (BATCH_FIELDS, SCHEDULER_CONTRACT, EngineParts, check_scheduler,  # noqa: F401
-                                     config_reads, load_file_engine, load_package_engine, scheduler_file,
-                                     stand_in_config)
+from kvspec.engine.nano_load import (BATCH_FIELDS, SCHEDULER_CONTRACT, EngineParts, add_method,  # noqa: F401
+                                     check_scheduler, config_reads, load_file_engine, load_package_engine,
+                                     scheduler_arguments, scheduler_file, stand_in_config)
 from kvspec.engine.call_meaning import CACHED_BLOCKS, CACHED_TOKENS, TOKENS, argument_roles, bind, meaning
 from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.engine.recording import RawCall, RecordingManager, leading_published, refuse_uninterpretable
 from kvspec.errors import TargetError, UsageError
+from kvspec.targets.file_import import reroute_logging
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 
@@ -96,13 +97,16 @@ class NanoEngineDriver:
         self.config = stand_in_config(parts, values)
         refuse_uninterpretable(parts.name, parts.manager_cls, parts.seq_cls, parts.scheduler_file)
         try:
-            self.sched = parts.scheduler_cls(self.config)
+            kwargs = scheduler_arguments(parts, values)
+            self.sched = parts.scheduler_cls(self.config) if kwargs is None else parts.scheduler_cls(**kwargs)
         except TargetError:
             raise
         except Exception as e:
             from kvspec.targets.contract import describe_exception  # a bare assert: where, and its line
             raise TargetError(f"target {parts.name}: cannot build its Scheduler: {describe_exception(e)}") from None
+        reroute_logging()  # handlers its constructor set up: their lines go to the captured output
         check_scheduler(parts.name, self.sched)
+        self.add_name = add_method(self.sched) or "add"
         mgr = getattr(self.sched, "block_manager", None)
         if mgr is None:
             raise TargetError(f"target {parts.name}: its Scheduler keeps no block_manager")
@@ -135,6 +139,8 @@ class NanoEngineDriver:
         self.published: dict[str, int] = {}  # req -> tokens of its blocks the engine has published
         self.shown: dict[str, int] = {}     # req -> its computed tokens as its latest ManagerCall showed them
         self.arg_tokens: dict[str, int] = {}  # req -> the token count its allocation call passed this step
+        self.pair_tokens: dict[str, int] = {}  # req -> its tokens, where schedule() returns (seq, n) pairs
+        self.rows: Optional[list] = None     # those pairs, as returned (postprocess takes them back)
         self.seqs: dict[str, Any] = {}      # live requests (waiting or running)
         self.req_of: dict[int, str] = {}    # id(seq) -> req
         self.max_tokens: dict[str, int] = {}
@@ -159,7 +165,7 @@ class NanoEngineDriver:
         seq = self.view.new_seq(list(prompt))
         _set_max_tokens(seq, max_tokens)
         self.seqs[req], self.req_of[id(seq)], self.max_tokens[req], self.done[req] = seq, req, max_tokens, 0
-        self.sched.add(seq)
+        getattr(self.sched, self.add_name)(seq)
 
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
         sch = self.sched
@@ -167,7 +173,7 @@ class NanoEngineDriver:
             return StepFacts(scheduled={})
         was_running = {r for r in self._reqs(sch.running)}
         self.phase = "schedule"
-        self.arg_tokens = {}
+        self.arg_tokens, self.pair_tokens, self.rows = {}, {}, None
         try:
             result = sch.schedule()
         finally:
@@ -217,13 +223,18 @@ class NanoEngineDriver:
             items = list(result)
             if all(id(x) in self.req_of or isinstance(x, self.parts.seq_cls) for x in items):
                 return items, None
+            pairs = _pairs(items, self.req_of, self.parts.seq_cls)
+            if pairs is not None:  # [(seq, its scheduled tokens), ...]: the count is the scheduler's word
+                self.pair_tokens = {self.req_of[id(q)]: n for q, n in pairs if id(q) in self.req_of}
+                self.rows = items  # postprocess gets the pairs, as the package's own engine passes them
+                return [q for q, _ in pairs], None
         for f in BATCH_FIELDS:
             v = getattr(result, f, None)
             if isinstance(v, (list, tuple)) or type(v).__name__ == "deque":
                 flag = getattr(result, "is_prefill", None)
                 return list(v), flag if isinstance(flag, bool) else None
         raise TargetError(f"target {self.parts.name}: its Scheduler's schedule() returned {type(result).__name__}, "
-                          f"which kvspec cannot read a batch from (it reads a list of sequences, (seqs, is_prefill), "
+                          f"which kvspec cannot read a batch from (it reads a list of sequences, of (sequence, tokens) pairs, (seqs, is_prefill), "
                           f"or an object with a {'/'.join('.' + f for f in BATCH_FIELDS)} field)")
 
     def abort(self, req: str) -> None:
@@ -478,6 +489,9 @@ class NanoEngineDriver:
         if isinstance(n, int) and not isinstance(n, bool) and n > 0:  # a chunked-prefill generation says
             return cached, n  # its computed tokens so far: where the chunk (or the decode token) starts
         r = self.req_of.get(id(seq))
+        if r in self.pair_tokens:  # schedule() paired the row with its token count
+            start = max(cached, self.done.get(r, 0))
+            return start, max(0, min(self.pair_tokens[r], len(seq) - start))
         if r in self.arg_tokens and is_prefill is not False:  # allocate_incremental(seq, chunk): the call says
             start = max(cached, self.done.get(r, 0))
             return start, min(self.arg_tokens[r], len(seq) - start)
@@ -496,7 +510,8 @@ class NanoEngineDriver:
             sch.postprocess(seqs, [tokens[i] for i in idx], idx)
             return
         if self.post_args:
-            args = (seqs, tokens, is_prefill)[:max(2, min(self.post_args, 3))]
+            rows = self.rows if self.rows is not None else seqs
+            args = (rows, tokens, is_prefill)[:max(2, min(self.post_args, 3))]
             sch.postprocess(*args)
             return
         for seq, t in zip(seqs, tokens):  # the model engine's postprocess (nano-vllm-voxcpm's LLMEngineBase)
@@ -540,6 +555,17 @@ def _mark(seq: Any, status: str) -> None:
         seq.status = member
 
 
+
+
+def _pairs(items: list, req_of: dict, seq_cls: type) -> Optional[list]:
+    """``items`` as (sequence, scheduled tokens) pairs, when every item is one; else None."""
+    out = []
+    for x in items:
+        if not (isinstance(x, tuple) and len(x) == 2 and (id(x[0]) in req_of or isinstance(x[0], seq_cls))
+                and type(x[1]) is int):
+            return None
+        out.append(x)
+    return out
 
 
 def _refusal(answer: Any) -> bool:

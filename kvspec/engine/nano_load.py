@@ -216,6 +216,96 @@ def stand_in_config(parts: EngineParts, values: dict[str, Any]) -> StandInConfig
 
 BLOCK_SIZE_FIELDS = ("kvcache_block_size", "block_size")
 
+# A Scheduler built from separate numbers (``Scheduler(max_num_sequences, ..., block_size, eos)``)
+# instead of one config: each parameter by its name, else by the BlockManager parameter it is
+# passed on to (``BlockManager(max_cached_blocks, block_size)``: the pool's size).
+_PARAM_VALUES = {"num_kvcache_blocks": ("num_kvcache_blocks", "num_blocks", "num_gpu_blocks", "total_blocks"),
+                 "kvcache_block_size": ("kvcache_block_size", "block_size", "page_size"),
+                 "max_num_seqs": ("max_num_seqs", "max_num_sequences", "max_seqs", "max_batch_size"),
+                 "max_num_batched_tokens": ("max_num_batched_tokens", "max_batched_tokens", "max_tokens_per_batch"),
+                 "max_model_len": ("max_model_len", "max_seq_len"),
+                 "eos": ("eos", "eos_token_id", "eos_id")}
+
+
+NANO_MAX_NUM_SEQS = 512  # nano-vllm's Config default
+
+
+def _value_for(param: str, values: dict[str, Any]) -> Optional[str]:
+    return next((k for k, names in _PARAM_VALUES.items() if param in names and k in values), None)
+
+
+def scheduler_arguments(parts: "EngineParts", values: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The keyword arguments of a Scheduler built from separate numbers, or None when it takes
+    one config object (the usual ``Scheduler(config)``). A required parameter kvspec cannot
+    give a value is refused in one line naming it."""
+    try:
+        params = [q for q in inspect.signature(parts.scheduler_cls.__init__).parameters.values()
+                  if q.name != "self" and q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD, q.KEYWORD_ONLY)]
+    except (TypeError, ValueError):
+        return None
+    required = [q for q in params if q.default is q.empty]
+    if not params or any(w in params[0].name.lower() for w in ("conf", "cfg")) or (
+            len(required) <= 1 and not (required and _value_for(required[0].name, values))):
+        return None  # Scheduler(config[, callbacks=None])
+    passed = _passed_to_manager(parts)
+    values = {"max_num_seqs": NANO_MAX_NUM_SEQS, **values}  # no Config to take its default from: nano-vllm's
+    out: dict[str, Any] = {}
+    for q in params:
+        key = _value_for(q.name, values) or _value_for(passed.get(q.name, ""), values)
+        if key is not None:
+            out[q.name] = values[key]
+        elif q.default is q.empty:
+            raise TargetError(f"target {parts.name}: its Scheduler takes {q.name}, which kvspec cannot give a value "
+                              f"(it sets {', '.join(sorted(values))}, by name or by the BlockManager parameter a "
+                              f"Scheduler parameter is passed on to)")
+    return out
+
+
+def _passed_to_manager(parts: "EngineParts") -> dict[str, str]:
+    """Scheduler.__init__ parameter -> the BlockManager parameter it is passed as
+    (``BlockManager(max_cached_blocks, block_size)`` -> {max_cached_blocks: num_blocks, ...})."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(parts.scheduler_cls.__init__)))
+        mparams = [q for q in inspect.signature(parts.manager_cls.__init__).parameters if q != "self"]
+    except (TypeError, OSError, SyntaxError, IndentationError, ValueError):
+        return {}
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == parts.manager_cls.__name__:
+            for q, a in zip(mparams, node.args):
+                if isinstance(a, ast.Name):
+                    out[a.id] = q
+            for kw in node.keywords:
+                if kw.arg and isinstance(kw.value, ast.Name):
+                    out[kw.value.id] = kw.arg
+    return out
+
+
+def add_method(sched: Any) -> Optional[str]:
+    """The Scheduler's method that takes a new Sequence: ``add``, else the one public method
+    of one argument whose body appends that argument to ``self.waiting`` (``add_sequence``)."""
+    if callable(getattr(sched, "add", None)):
+        return "add"
+    for name in sorted(dir(type(sched))):
+        fn = getattr(type(sched), name, None)
+        if name.startswith("_") or not inspect.isfunction(fn):
+            continue
+        try:
+            args = [q for q in inspect.signature(fn).parameters if q != "self"]
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (TypeError, OSError, SyntaxError, IndentationError, ValueError):
+            continue
+        if len(args) != 1:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("append", "appendleft") and isinstance(node.func.value, ast.Attribute) \
+                    and node.func.value.attr == "waiting" and any(isinstance(a, ast.Name) and a.id == args[0]
+                                                                  for a in node.args):
+                return name
+    return None
+
+
 
 def tied_sizes(cfg: dict[str, Any], defaults: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """The config's other sizes tied to its block size, kept tied at the run's block size.
@@ -246,7 +336,8 @@ def tied_sizes(cfg: dict[str, Any], defaults: dict[str, Any], values: dict[str, 
 
 
 # -- the scheduler's shape ----------------------------------------------------------------------
-SCHEDULER_CONTRACT = ("add(seq), schedule() -> seqs, (seqs, is_prefill) or an object with a .sequences/.seqs/.scheduled "
+SCHEDULER_CONTRACT = ("add(seq) (or a method that appends its one argument to self.waiting), schedule() -> seqs, "
+                      "(seq, tokens) pairs, (seqs, is_prefill) or an object with a .sequences/.seqs/.scheduled "
                       "field, postprocess(seqs or that object, token_ids[, is_prefill]) or finish(seq), is_finished(); "
                       "attributes running, waiting, block_manager")
 BATCH_FIELDS = ("sequences", "seqs", "scheduled", "scheduled_seqs", "batch")
@@ -292,7 +383,7 @@ def check_scheduler(name: str, sched: Any) -> None:
             return True
 
     problems = []
-    for meth, n in (("add", 1), ("schedule", 0), ("is_finished", 0)):
+    for meth, n in ((add_method(sched) or "add", 1), ("schedule", 0), ("is_finished", 0)):
         fn = getattr(sched, meth, None)
         if not callable(fn):
             problems.append(f"no {meth}()")

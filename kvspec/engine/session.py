@@ -19,6 +19,7 @@ checks go on to its end.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Optional
 
 from kvspec.engine.checks import check_event, check_reset
@@ -33,6 +34,7 @@ from kvspec.spec.violation import Violation
 from kvspec.targets.base import Driver, Target
 from kvspec.targets import watchdog
 from kvspec.targets.watchdog import OpTimeout
+from kvspec.targets.target_output import Tail, streams
 
 
 class _ReplayDriver(Driver):
@@ -69,6 +71,22 @@ class _Replayed(Target):
         return self.name
 
 
+def _read_admission(traits: Any, engine: Any) -> Any:
+    """The engine level follows the engine's own admission: where the target leaves
+    ``admit_all_blocks`` undeclared (open to a hint) and its manager's gate reads nothing
+    hash-named (``nano_api.gate_counts_hits``: it cannot count prefix hits), the engine
+    admits only when all the prompt's blocks are free, and the model is told so rather than
+    reporting each such refusal as a policy finding with a hint."""
+    parts = getattr(engine, "parts", None)
+    hintable = getattr(traits, "hintable", frozenset())
+    if parts is None or "admit_all_blocks" not in hintable or getattr(traits, "admit_all_blocks", True):
+        return traits
+    from kvspec.targets.nano_api import gate_counts_hits
+    if gate_counts_hits(parts.manager_cls, getattr(engine, "names", None)) is not False:
+        return traits
+    return dataclasses.replace(traits, admit_all_blocks=True, hintable=frozenset(hintable) - {"admit_all_blocks"})
+
+
 class EngineSession:
     """The engine level's Session (see the module doc)."""
 
@@ -82,8 +100,12 @@ class EngineSession:
         self.config = config
         self.traits = target.traits
         self.op_timeout = watchdog.default()
+        self.output = Tail()  # what the engine printed during this session's events
+        self._streams = streams(self.output)
         self.engine: EngineDriver = engine_driver(target, config)
+        self.traits = _read_admission(target.traits, self.engine)
         self._replayed = _Replayed(target, self.engine.observe())
+        self._replayed.traits = self.traits
         self.cache = cache_session(self._replayed, dataclasses.replace(config, level="cache", spec_tokens=0),
                              incremental=False)
         engine_model(self.cache.model)
@@ -120,6 +142,17 @@ class EngineSession:
             return "negative draft or accepted count"
         return None
 
+    def _captured(self, op: Op) -> Optional[StepFacts]:
+        """``_run`` under the op timeout, with what the engine prints (its print()s, its log
+        lines) kept in the session's Tail, as the cache level keeps a target's: never inside
+        --json's stdout."""
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self._streams
+        try:
+            return watchdog.guarded(self.op_timeout, self._run, op)
+        finally:
+            sys.stdout, sys.stderr = saved
+
     def _run(self, op: Op) -> Optional[StepFacts]:
         e = self.engine
         if isinstance(op, Arrive):
@@ -148,7 +181,7 @@ class EngineSession:
         if self.dead:
             return [Violation("NO_CRASH", f"{op!r}: the engine failed earlier and is not driven again")]
         try:
-            facts = watchdog.guarded(self.op_timeout, self._run, op)
+            facts = self._captured(op)
         except OpTimeout as t:
             self.dead = True
             return [Violation("NO_HANG", f"{op!r} did not return within the op timeout of {t.seconds:g} s")]

@@ -208,6 +208,49 @@ def with_stand_ins(modname: str, own: str, note: Callable[[str], None], attempt:
         _loading = False
 
 
+class _Current:
+    """A stream that writes to whatever ``sys.stdout``/``sys.stderr`` is at the time of the write."""
+
+    def __init__(self, which: str) -> None:
+        self.which = which
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self.which).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self.which).flush()
+
+
+def reroute_logging() -> None:
+    """Point the logging handlers a target set up at import (``StreamHandler(sys.stdout)``
+    holds the real stdout, past kvspec's per-call capture, ``target_output``) at the current
+    stream instead: a target's log lines then land in its captured output, never inside
+    ``--json``'s one object on stdout."""
+    import logging
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for lg in loggers:
+        for h in lg.handlers:
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler) \
+                    and not isinstance(h.stream, _Current):
+                which = _std_stream(h.stream)
+                if which:
+                    h.stream = _Current(which)
+
+
+def _std_stream(stream: Any) -> str:
+    """'stdout' or 'stderr' when ``stream`` writes to file descriptor 1 or 2, else ''."""
+    if stream is sys.__stdout__:
+        return "stdout"
+    if stream is sys.__stderr__:
+        return "stderr"
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return ""
+    return {1: "stdout", 2: "stderr"}.get(fd, "")
+
+
 def import_in_package(root: Path, modname: str, note: Callable[[str], None],
                       files: Optional[dict[str, Path]] = None) -> types.ModuleType:
     """Import ``modname`` from ``root`` under its real name (see the module doc).
@@ -244,6 +287,7 @@ def import_in_package(root: Path, modname: str, note: Callable[[str], None],
     try:
         return with_stand_ins(modname, top, note, attempt)
     finally:
+        reroute_logging()
         if foreign:  # the installed package stays the one ``import NAME`` gives elsewhere
             for n in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
                 if n not in foreign:

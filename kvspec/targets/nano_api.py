@@ -138,6 +138,39 @@ def counts_tokens(fn: Any) -> bool:
     return p.name in _COUNT_NAMES or (p.name.startswith("num_") and p.name.endswith("tokens"))
 
 
+def gate_counts_hits(cls: type, names: Optional[Names] = None) -> Optional[bool]:
+    """Whether the admission gate (``can_allocate``) can see prefix hits, read from its code:
+    False when it takes the Sequence and neither it nor a method of the manager it calls reads
+    anything hash-named (it can only count every block of the prompt against the free ones:
+    nano-vllm's admission, ``admit_all_blocks``); True when it reads one; None when the gate
+    takes a count (the scheduler counts the hits: v1-style) or its code cannot be read."""
+    import ast
+    import textwrap
+    gate = _method(cls, names, "can_allocate")
+    if gate is None or counts_tokens(gate):
+        return None
+    todo, seen = [gate], set()
+    while todo:
+        fn = todo.pop()
+        if fn in seen:
+            continue
+        seen.add(fn)
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        except (TypeError, OSError, SyntaxError, IndentationError):
+            return None
+        for node in ast.walk(tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+            if "hash" in name.lower():
+                return True
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+                attr = inspect.getattr_static(cls, node.attr, None)
+                target = attr.fget if isinstance(attr, property) else attr
+                if inspect.isfunction(target):
+                    todo.append(target)
+    return False
+
+
 def missing_nano_methods(cls: type, names: Optional[Names] = None) -> list[str]:
     """The nano-vllm methods ``cls`` lacks (by kvspec's names, through ``names``); a chunked
     manager may do without can_append/may_append."""
