@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "while fruitful (up to twice the examples at which the latest finding was made, as "
                         "Hypothesis does with several bugs) and within --max-examples or --budget, counted over "
                         "the whole run; 1: stop at the first (default: 5, kvspec.check.search.MAX_FINDINGS)")
+    c.add_argument("--whole-budget", action="store_true",
+                   help="after a finding, search the whole of --max-examples (or --budget) for further distinct "
+                        "findings, not only while fruitful (the release sweep's way: a release may hold several bugs)")
     c.add_argument("--jobs", type=count(1), default=1, metavar="N",
                    help="N worker processes with seeds SEED..SEED+N-1, their distinct findings merged (one per signature, "
                         "up to --max-findings; all stop once one worker holds that many) (budget mode; "

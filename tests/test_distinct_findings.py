@@ -156,3 +156,19 @@ def test_caller_bug_is_reported_as_a_bug_at_the_cache_level(capsys, tmp_path):
     v = next((v for v in crash if v["signature"].startswith("NO_CRASH on Step at BlockPool.get_new_blocks")), None)
     assert v is not None, [v["signature"] for v in crash]
     assert Path(v["repro"]).is_file()
+
+
+def test_whole_budget_searches_the_whole_example_count_after_a_finding(tmp_path):
+    """By default the search after a finding goes on only while fruitful; with
+    ``whole_budget`` (``--whole-budget``, the release sweep's way) through the whole of
+    ``max_examples``, keeping every finding the default run made, at the same examples."""
+    from kvspec.check.search import run_check
+
+    target = load_target("impl", patch=str(CORPUS / "cache_no_index.diff"))
+    kw = dict(level="pool", seed=0, max_examples=300, max_findings=5, report_dir=str(tmp_path))
+    fruitful = run_check(target, "impl", **kw)
+    whole = run_check(target, "impl", whole_budget=True, **kw)
+    assert fruitful.violations and fruitful.examples < 300   # it stopped early after its finding(s)
+    assert whole.examples >= 300 and whole.to_dict()["whole_budget"] is True
+    first = [(f.signature, f.examples_to_failure) for f in fruitful.violations]
+    assert [(f.signature, f.examples_to_failure) for f in whole.violations][:len(first)] == first

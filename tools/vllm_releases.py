@@ -262,7 +262,7 @@ def probe(version: str, cache: Path = CACHE) -> dict:
 
 def check(version: str, policies: str, max_examples: int, cache: Path = CACHE, level: str = "all") -> dict:
     cmd = ["kvspec", "check", "--target", "vllm", "--level", level, "--max-examples", str(max_examples),
-           "--seed", "0", "--json", "--report-dir", str(cache / "_repros" / version / level)]
+           "--seed", "0", "--whole-budget", "--json", "--report-dir", str(cache / "_repros" / version / level)]
     t0 = time.time()
     r = subprocess.run(cmd, env=env_for(version, cache, policies), capture_output=True, text=True,
                        cwd=tempfile.gettempdir())
@@ -309,7 +309,8 @@ def campaign_toml(versions: list[str], max_examples: int, cache: Path = CACHE, r
             path = [str(tree(v, cache)), *deps_path(v, cache), root]
             n = engine_examples or max_examples if level == "engine" else max_examples
             lines += ["[[matrix]]", 'command = "check"', 'target = "vllm"', f"level = {_toml_str(level)}",
-                      f"max_examples = {n}", "seed = 0", f"label = {_toml_str(f'{v}: {name}')}",
+                      f"max_examples = {n}", "seed = 0", "whole_budget = true",
+                      f"label = {_toml_str(f'{v}: {name}')}",
                       "pythonpath = [" + ", ".join(_toml_str(p) for p in path) + "]"]
             if pol:
                 lines.append(f"env = {{ KVSPEC_VLLM_POLICIES = {_toml_str(pol)} }}")

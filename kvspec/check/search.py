@@ -103,6 +103,7 @@ class CheckReport:
     error: Optional[str] = None
     max_examples: Optional[int] = None  # deterministic mode (--max-examples / --derandomize); None: the budget
     max_findings: int = 1  # distinct findings (signatures) the search reports before it stops (--max-findings)
+    whole_budget: bool = False  # after a finding, on through the whole budget (--whole-budget), not only while fruitful
     declaration: str = ""  # the policy declaration checked against, in words (kvspec.targets.policies)
     hintable: frozenset = frozenset()  # the policies left undeclared, open to hints
     assuming: list = field(default_factory=list)  # kvspec.check.hints.Assumption: searches continued under hints
@@ -125,7 +126,7 @@ class CheckReport:
             "examples": self.examples, "steps": self.steps, "seconds": round(self.seconds, 3),
             "steps_per_second": round(self.steps / self.seconds, 1) if self.seconds else None, "error": self.error,
             "max_examples": self.max_examples, "deterministic": self.max_examples is not None,
-            "max_findings": self.max_findings,
+            "max_findings": self.max_findings, "whole_budget": self.whole_budget,
             "declaration": self.declaration, "assuming": [a.to_dict() for a in self.assuming],
             "not_exercised": dict(self.not_exercised), "complete": self.interrupted is None,
             "interrupted": self.interrupted, "warnings": list(self.warnings),
@@ -351,7 +352,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
               report_dir: str = "reports/repros", progress: bool = False, command: str = "",
               kv_groups: Optional[str] = None, max_examples: Optional[int] = None,
               database: Optional[str] = None, stop: Optional[Callable[[], bool]] = None,
-              max_findings: int = 1) -> CheckReport:
+              max_findings: int = 1, whole_budget: bool = False) -> CheckReport:
     """Search ``budget`` seconds, or, with ``max_examples`` (deterministic mode), exactly
     that many examples over all levels: then nothing depends on the clock (no deadline,
     no timed health check, minimization bounded by work, not seconds), so the same
@@ -364,7 +365,9 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     whole run: the search after a finding gets what the run has left of ``max_examples``
     (or of the budget), and no more than ``CONTINUE_FACTOR`` times the examples at which
     the latest finding was made (one batch at least; nor ``CONTINUE_MAX`` past the first):
-    a search that has gone as long again without a new bug stops. So the first finding is
+    a search that has gone as long again without a new bug stops (with ``whole_budget``, it
+    goes on through the whole of ``max_examples`` or the budget: the release sweep's way,
+    where a release may hold several bugs, one found late). So the first finding is
     the one a run stopping there makes, at the same example, and the whole run is
     deterministic by example count. Each finding is cut down on its own, never into
     another finding's signature, with its own repro. A hang (NO_HANG) ends the search: the
@@ -373,7 +376,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     only (``kvspec patches``' time to failure, the corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
     levels = _levels(target, level)
     report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples,
-                         max_findings=max_findings)
+                         max_findings=max_findings, whole_budget=whole_budget)
     report.not_exercised = not_exercised(target, levels, kv_groups)
     from kvspec.targets.policies import declaration_of
     report.declaration, report.hintable = declaration_of(target), target.traits.hintable
@@ -392,7 +395,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
         """Examples the run may still take: what is left of max_examples, and, past a
         finding, of its fruitful continuation (CONTINUE_FACTOR); inf: only the budget."""
         out = float("inf") if max_examples is None else max_examples - ran()
-        if report.violations:
+        if report.violations and not whole_budget:
             first, last = report.violations[0].examples_to_failure, report.violations[-1].examples_to_failure
             out = min(out, min(first + CONTINUE_MAX, max(CONTINUE_FACTOR * last, last + EXAMPLES_PER_BATCH)) - ran())
         return out
