@@ -155,3 +155,19 @@ def test_older_manager_api_keeps_its_machine():
     m = engine_machine(legacy)
     assert issubclass(m, SpecEngineMachine) and not issubclass(m, InputsEngineMachine)
     assert not hasattr(SpecEngineMachine, "reset_prefix_cache")
+
+
+def test_a_release_whose_config_the_engine_cannot_build_is_one_line(monkeypatch, capsys):
+    """0.8.x's ModelConfig takes positional arguments the engine driver does not pass: the
+    engine level refuses that release in one line (exit 2), never an internal error."""
+    from kvspec.cli import main
+    from kvspec.vllm import engine
+
+    def old_config(shape):
+        raise TypeError("ModelConfig.__init__() missing 5 required positional arguments: 'task', ...")
+
+    monkeypatch.setattr(engine, "vllm_config", old_config)
+    assert main(["check", "--target", "vllm", "--level", "engine", "--max-examples", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot build this vLLM release's configuration" in err[0], err
+    assert "internal error" not in err[0]

@@ -162,7 +162,11 @@ class VllmEngine:
         from vllm.v1.structured_output import StructuredOutputManager
 
         self.ModelRunnerOutput = ModelRunnerOutput
-        cfg = vllm_config(shape)
+        try:
+            cfg = vllm_config(shape)
+        except (TypeError, AttributeError, ImportError) as e:   # a release whose config API the engine does not know
+            raise TargetError(f"target vllm: the engine level cannot build this vLLM release's configuration on "
+                              f"the CPU ({type(e).__name__}: {e}); the pool and cache levels still run") from None
         iface = mods["vllm.v1.kv_cache_interface"]
         kv = (compat.legacy_kv_cache_config(iface, shape.kv_groups, shape.num_blocks, shape.block_size)
               if compat.is_legacy(self.request_mod) else
