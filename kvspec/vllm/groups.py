@@ -246,17 +246,8 @@ class VllmGroupsCacheDriver(Driver):
         if isinstance(op, (Preempt, Finish)):
             # The scheduler frees a request however it ends; free() of one that holds
             # nothing is a documented no-op.
-            req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
-            compat.release(m, req, finished=isinstance(op, Finish))
-            self.running.discard(op.req)
-            req.spec_token_ids = []
-            if isinstance(op, Preempt):
-                req.num_computed_tokens = 0
-                req.status = self.status.PREEMPTED
-                if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
-                    req.num_preemptions += 1
-            elif self.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
-                self.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
+            from kvspec.vllm.target import end_request   # the one-group driver's module imports this one
+            end_request(self, m, op).spec_token_ids = []
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 

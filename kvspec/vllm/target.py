@@ -142,18 +142,7 @@ class VllmCacheDriver(Driver):
             req.num_computed_tokens = req.num_tokens
             return True
         if isinstance(op, (Preempt, Finish)):
-            # The scheduler frees a request however it ends, running or waiting; free()
-            # of one that holds nothing is a documented no-op.
-            req = self.reqs.get(op.req) or self.up.new_request(op.req, [0])
-            compat.release(m, req, finished=isinstance(op, Finish))
-            self.running.discard(op.req)
-            if isinstance(op, Preempt):
-                req.num_computed_tokens = 0
-                req.status = self.status.PREEMPTED
-                if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
-                    req.num_preemptions += 1
-            elif self.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
-                self.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
+            end_request(self, m, op)
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
 
@@ -224,3 +213,21 @@ class VllmTarget(Target):
         import vllm
 
         return f"vllm {getattr(vllm, '__version__', '?')}" + (f" ({self.name})" if self.name != "vllm" else "")
+
+
+def end_request(driver: Any, mgr: Any, op: Any) -> Any:
+    """Preempt or Finish ``op.req`` as vLLM's scheduler does, for either cache driver (one
+    group or several): the scheduler frees a request however it ends, running or waiting
+    (``free()`` of one that holds nothing is a documented no-op); a preempted request
+    starts over, a finished one that ran keeps its computed tokens. Returns the Request."""
+    req = driver.reqs.get(op.req) or driver.up.new_request(op.req, [0])
+    compat.release(mgr, req, finished=isinstance(op, Finish))
+    driver.running.discard(op.req)
+    if isinstance(op, Preempt):
+        req.num_computed_tokens = 0
+        req.status = driver.status.PREEMPTED
+        if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
+            req.num_preemptions += 1
+    elif driver.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
+        driver.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
+    return req
