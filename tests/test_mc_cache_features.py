@@ -102,7 +102,7 @@ def test_canonical_key_keeps_extra_keys_and_drafts():
 
 def test_unpatched_impl_passes_on_the_same_bounds():
     impl = load_target("impl")
-    r = model_check(impl, _config(impl), DEPTH, Bounds(), time_cap=120)
+    r = model_check(impl, _config(impl), DEPTH, Bounds(), time_cap=float("inf"))
     assert r.verdict == "pass", r.reason
 
 
@@ -110,12 +110,12 @@ def test_unpatched_impl_passes_on_the_same_bounds():
 def test_mc_finds_feature_bug_at_its_shortest(bug):
     target = load_target("impl", patch=str(CORPUS / f"{bug}.diff"))
     cfg = _config(target, bug)
-    r = model_check(target, cfg, DEPTH, Bounds(), time_cap=120)
+    r = model_check(target, cfg, DEPTH, Bounds(), time_cap=float("inf"))
     assert r.verdict == "violation" and r.counterexample is not None, bug
     assert confirm(target, cfg, r), bug
     n = len(r.counterexample)
     if n > 1:  # nothing shorter fails with that invariant, a completed search says so
-        shorter = model_check(target, cfg, n - 1, Bounds(), time_cap=120, invariant=r.violations[0].invariant)
+        shorter = model_check(target, cfg, n - 1, Bounds(), time_cap=float("inf"), invariant=r.violations[0].invariant)
         assert shorter.verdict == "pass", (bug, shorter.verdict)
 
 
@@ -132,10 +132,10 @@ def test_check_reports_mc_shortest_length_for_feature_bug(bug, tmp_path):
     # over (mc's own, widened by the repro's arguments): the same invariant, nothing shorter
     bounds = Bounds().widened(f.steps, f.config)
     assert model_check(target, f.config, len(f.steps), bounds, invariant=f.invariant,
-                       time_cap=120).verdict == "violation"
+                       time_cap=float("inf")).verdict == "violation"
     if len(f.steps) > 1:
         assert model_check(target, f.config, len(f.steps) - 1, bounds, invariant=f.invariant,
-                           time_cap=120).verdict == "pass"
+                           time_cap=float("inf")).verdict == "pass"
 
 
 # -- vLLM 0.33.0: the hybrid corpus (diffs with a kv_groups of their own) ------------------
@@ -155,7 +155,7 @@ def _vllm(patch=None):
 def test_unpatched_vllm_passes_on_hybrid_bounds():
     t = _vllm()
     cfg = Config(level="cache", num_blocks=USABLE + (1 if t.traits.null_block else 0), block_size=2, kv_groups=GROUPS)
-    r = model_check(t, cfg, DEPTH, Bounds(), time_cap=120)
+    r = model_check(t, cfg, DEPTH, Bounds(), time_cap=float("inf"))
     assert r.verdict == "pass", r.reason
 
 
@@ -164,10 +164,10 @@ def test_mc_finds_vllm_hybrid_bug_at_its_shortest(bug):
     t = _vllm(str(VLLM_CORPUS / bug["file"]))
     cfg = Config(level="cache", num_blocks=USABLE + (1 if t.traits.null_block else 0), block_size=2,
                  kv_groups=bug["kv_groups"])
-    r = model_check(t, cfg, DEPTH, Bounds(), time_cap=120)
+    r = model_check(t, cfg, DEPTH, Bounds(), time_cap=float("inf"))
     assert r.verdict == "violation" and r.counterexample is not None, bug["id"]
     assert confirm(t, cfg, r), bug["id"]
     n = len(r.counterexample)
     if n > 1:
-        shorter = model_check(t, cfg, n - 1, Bounds(), time_cap=120, invariant=r.violations[0].invariant)
+        shorter = model_check(t, cfg, n - 1, Bounds(), time_cap=float("inf"), invariant=r.violations[0].invariant)
         assert shorter.verdict == "pass", (bug["id"], shorter.verdict)
