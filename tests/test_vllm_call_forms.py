@@ -85,3 +85,32 @@ def test_a_class_form_is_its_constructors_and_keyword_only_names_count():
     make = compat.bind(OldRequest, "Request()", {"sampling_params": "sp"},
                        ("request_id", "prompt_token_ids", "block_hasher"))
     assert make(request_id="b", prompt_token_ids=[2], block_hasher=object()).args == ("b", (2,), "sp")
+
+
+def test_sampled_tokens_take_the_type_the_release_declares():
+    """0.11.1 and 0.11.2 declare ``sampled_token_ids: list[np.ndarray]`` and call
+    ``.tolist()`` on each; the other releases take lists. Passing lists to 0.11.1 made its
+    update_from_output raise (a false NO_CRASH found by the release sweep)."""
+    import dataclasses
+
+    import numpy as np
+
+    from kvspec.vllm.engine_compat import model_runner_output
+
+    @dataclasses.dataclass
+    class ArrayOutput:   # the 0.11.1 shape
+        req_ids: list
+        req_id_to_index: dict
+        sampled_token_ids: "list[np.ndarray]"
+
+    @dataclasses.dataclass
+    class ListOutput:    # 0.11.0, 0.12.0 on
+        req_ids: list
+        req_id_to_index: dict
+        sampled_token_ids: "list[list[int]]"
+
+    a = model_runner_output(ArrayOutput, ["r1", "r2"], [[4], []], None)
+    assert [t.tolist() for t in a.sampled_token_ids] == [[4], []]
+    assert all(isinstance(t, np.ndarray) for t in a.sampled_token_ids)
+    b = model_runner_output(ListOutput, ["r1"], [[4]], None)
+    assert b.sampled_token_ids == [[4]]

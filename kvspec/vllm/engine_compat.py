@@ -65,10 +65,16 @@ def single_type_managers(mgr: Any) -> list[Any]:
 def model_runner_output(cls: Any, ids: list[str], sampled: list[list[int]],
                         drafts: Optional[list[list[int]]]) -> Any:
     """A ``ModelRunnerOutput``; on a release whose output carries the drafter's proposals,
-    ``drafts`` (one list per scheduled request) go in ``spec_token_ids``."""
+    ``drafts`` (one list per scheduled request) go in ``spec_token_ids``; the sampled tokens
+    in the type the release's field declares (lists, or numpy arrays)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    if "ndarray" in str(getattr(fields.get("sampled_token_ids"), "type", "")):
+        # 0.11.1-0.11.2 take one numpy array per request (``.tolist()`` in update_from_output)
+        import numpy as np
+        sampled = [np.asarray(t, dtype=np.int64) for t in sampled]
     kw: dict[str, Any] = dict(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                               sampled_token_ids=sampled)
-    names = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    names = set(fields)
     required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING} if names else set()
     if "spec_token_ids" in names:
