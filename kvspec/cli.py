@@ -262,10 +262,13 @@ def _error(message: str, argv: Sequence[str]) -> int:
     JSON object on stdout, so a tool reading stdout always gets an answer."""
     line = message if message.startswith("kvspec") else f"kvspec: error: {message}"
     line = " ".join(line.split())  # one line, whatever the message held
-    print(line, file=sys.stderr)
-    if "--json" in argv:
-        command = next((x for x in argv if not x.startswith("-")), None)
-        print(json.dumps({"verdict": "error", "error": line, "command": command, "exit_code": 2}))
+    try:
+        print(line, file=sys.stderr)
+        if "--json" in argv:
+            command = next((x for x in argv if not x.startswith("-")), None)
+            print(json.dumps({"verdict": "error", "error": line, "command": command, "exit_code": 2}))
+    except BrokenPipeError:   # the reader went away (its parent was killed): nobody is left to tell
+        pass
     return 2
 
 
