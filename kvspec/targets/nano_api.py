@@ -3,7 +3,9 @@
 which ``kvspec.targets.contract`` checks at load and ``kvspec api`` prints), how a
 generation is detected from a class's signatures, and how a manager is built (its own
 block size where it insists on one, requests scaled to it). See ``nanovllm_target``
-for the whole adapter."""
+for the whole adapter. It is longer than 450 lines because the generations, their call
+tables and the code reading that tells them apart (admission gates included) are one
+decision, read together; splitting them would scatter it."""
 from __future__ import annotations
 
 import ast

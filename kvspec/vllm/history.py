@@ -94,7 +94,7 @@ KNOWN_CHANGES = (
            "cache_full_blocks asserts the previous block's hash, which a sliding window has already replaced "
            "by the null block (AssertionError); gone in 0.11.0, where the hashes come from the Request. Not on "
            "vLLM's tracker; reachable only with a window of about one block (fix: "
-           "reports/upstream_fixes/vllm_0.9.0_swa_parent_hash.diff)",
+           "reports/upstream_fixes/releases/vllm_0.9.0_swa_parent_hash.diff)",
            level="cache", message=r"AssertionError"),
     Change("0.9.0", "0.19.0", "HASH_CHAIN", True,
            "a multimodal input's extra key is its hash without its offset in the block: the same item at another "
