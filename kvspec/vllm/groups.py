@@ -246,7 +246,6 @@ class VllmGroupsCacheDriver(Driver):
         if isinstance(op, (Preempt, Finish)):
             # The scheduler frees a request however it ends; free() of one that holds
             # nothing is a documented no-op.
-            from kvspec.vllm.target import end_request   # the one-group driver's module imports this one
             end_request(self, m, op).spec_token_ids = []
             return None
         raise TypeError(f"{op!r} is not a cache-level op")
@@ -266,3 +265,21 @@ class VllmGroupsCacheDriver(Driver):
             t = self.tables(rid)
             reqs[rid] = RequestState(t[0], self.reqs[rid].num_computed_tokens, t[1:])
         return observe_pool(self.mgr.block_pool, reqs)
+
+
+def end_request(driver: Any, mgr: Any, op: Any) -> Any:
+    """Preempt or Finish ``op.req`` as vLLM's scheduler does, for either cache driver (one
+    group or several): the scheduler frees a request however it ends, running or waiting
+    (``free()`` of one that holds nothing is a documented no-op); a preempted request
+    starts over, a finished one that ran keeps its computed tokens. Returns the Request."""
+    req = driver.reqs.get(op.req) or driver.up.new_request(op.req, [0])
+    compat.release(mgr, req, finished=isinstance(op, Finish))
+    driver.running.discard(op.req)
+    if isinstance(op, Preempt):
+        req.num_computed_tokens = 0
+        req.status = driver.status.PREEMPTED
+        if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
+            req.num_preemptions += 1
+    elif driver.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
+        driver.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
+    return req

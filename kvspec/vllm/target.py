@@ -32,6 +32,7 @@ from kvspec.targets.base import Driver, Target, Traits
 from kvspec.targets.policies import with_policies
 from kvspec.targets.v1_driver import V1PoolDriver, observe_pool
 from kvspec.vllm.compat import GROUP, MAX_MODEL_LEN  # noqa: F401  (re-exported)
+from kvspec.vllm.groups import end_request
 from kvspec.vllm.patch import import_vllm
 
 
@@ -213,21 +214,3 @@ class VllmTarget(Target):
         import vllm
 
         return f"vllm {getattr(vllm, '__version__', '?')}" + (f" ({self.name})" if self.name != "vllm" else "")
-
-
-def end_request(driver: Any, mgr: Any, op: Any) -> Any:
-    """Preempt or Finish ``op.req`` as vLLM's scheduler does, for either cache driver (one
-    group or several): the scheduler frees a request however it ends, running or waiting
-    (``free()`` of one that holds nothing is a documented no-op); a preempted request
-    starts over, a finished one that ran keeps its computed tokens. Returns the Request."""
-    req = driver.reqs.get(op.req) or driver.up.new_request(op.req, [0])
-    compat.release(mgr, req, finished=isinstance(op, Finish))
-    driver.running.discard(op.req)
-    if isinstance(op, Preempt):
-        req.num_computed_tokens = 0
-        req.status = driver.status.PREEMPTED
-        if hasattr(req, "num_preemptions"):  # the scheduler's counter (not in every release)
-            req.num_preemptions += 1
-    elif driver.reqs.pop(op.req, None) is not None and req.num_computed_tokens:
-        driver.finished[op.req] = req   # it ran: its computed tokens stay, as a scheduler's would
-    return req
