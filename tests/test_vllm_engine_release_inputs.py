@@ -12,38 +12,13 @@ through the release's own v1 Scheduler, from the cached release trees.
   ``req_to_blocks`` (vLLM #18829, fixed by #18485): AssertionError. Without a connector the
   same abort passes.
 
-Without the release tree (``tools/vllm_releases.py`` fetches it into
-~/.cache/kvspec/vllm-releases) a case skips and says so. Each release runs in one
-subprocess whose PYTHONPATH puts the release first.
+Without the release tree a case skips and says so (``release_trees``).
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import vllm_releases  # noqa: E402
-
-OLD_POLICY = "unhashed_free_first=false"   # the free-queue policy of 0.9.0 to 0.23's time (POLICY_HISTORY)
-
-REPLAY = r'''
-import json
-from kvspec.check.replay import replay_outcome
-from kvspec.spec.ops import Abort, Arrive, EngineStep
-from kvspec.vllm.inputs import features
-CASES = CASES_HERE
-out = {"features": sorted(features())}
-for name, cfg, steps in CASES:
-    o = replay_outcome("vllm", cfg, steps, op_timeout=60.0)
-    out[name] = [o.index, o.invariant, o.violations[0].message] if o.failed else None
-print("RESULT " + json.dumps(out))
-'''
+from release_trees import OLD_POLICY, replay_on as _run
 
 EAGLE = dict(level="engine", num_blocks=9, block_size=4, caching=True, kv_groups="full", spec_tokens=2,
              spec_method="eagle")
@@ -52,29 +27,6 @@ LOOKAHEAD_STEPS = "[Arrive('r1', (1, 2, 3, 4, 11, 12, 13, 14, 1, 2, 3, 4, 23, 13
 CONNECTOR = dict(level="engine", num_blocks=10, block_size=4, caching=True, kv_groups="full", spec_tokens=0,
                  connector="1,2,3,4,21,22,23,24")
 ABORT_STEPS = "[Arrive('r1', (22, 4), 15), Abort('r1')]"
-
-
-def _ready(version: str) -> str:
-    """Empty when the release tree and its deps are cached; else why not."""
-    tree = vllm_releases.tree(version)
-    if not (tree / ".complete").exists():
-        return f"vLLM {version} release tree not cached at {tree} (python tools/vllm_releases.py fetches it)"
-    missing = [p for p in vllm_releases.deps_path(version) if not Path(p).is_dir()]
-    if missing:
-        return f"vLLM {version} extra deps not installed: {', '.join(missing)} (vllm_releases.install_deps())"
-    return ""
-
-
-def _run(version: str, cases: str, policies: str = "") -> dict:
-    why = _ready(version)
-    if why:
-        pytest.skip(why)
-    code = REPLAY.replace("CASES_HERE", cases)
-    r = subprocess.run([sys.executable, "-c", code], env=vllm_releases.env_for(version, policies=policies),
-                       capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=900)   # a loaded box: import alone takes minutes
-    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, r.stderr[-2000:]
-    return json.loads(line[len("RESULT "):])
 
 
 @pytest.mark.slow

@@ -45,7 +45,8 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Abort, Admit, Arrive, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step, Verify
+from kvspec.spec.ops import (Abort, Admit, Arrive, Cache, CachePartial, Finish, Lookup, Op, Prefill, Preempt, Step,
+                             StreamInput, Verify)
 from kvspec.check.session import Session, run_steps
 from kvspec.spec.violation import signature
 from kvspec.targets.base import Target
@@ -133,7 +134,7 @@ def rename(steps: Sequence[Op]) -> list[Op]:
 
     out: list[Op] = []
     for op in steps:
-        if isinstance(op, (Admit, Step, Preempt, Finish, Prefill, Verify, Arrive, Abort)):
+        if isinstance(op, (Admit, Step, Preempt, Finish, Prefill, Verify, Arrive, Abort, StreamInput)):
             op = replace(op, req=req(op.req))
         elif isinstance(op, (Cache, CachePartial)):
             op = replace(op, hashes=tuple(lab(h) for h in op.hashes))

@@ -54,7 +54,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.config import Config
-from kvspec.spec.ops import Abort, Arrive, EngineStep, ResetPrefixCache
+from kvspec.spec.ops import Abort, Arrive, EngineStep, ResetPrefixCache, StreamInput
 from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 from kvspec.targets.base import Target
 
@@ -207,8 +207,10 @@ class InputsEngineMachine(SpecEngineMachine):
 
     def _inputs(self, data) -> dict:
         """The deployment inputs of this example (see the module doc): Config fields; sets
-        ``self.resets`` (None: no resets drawn) and ``self.priorities``."""
-        self.resets, self.priorities = None, False
+        ``self.resets`` (None: no resets drawn), ``self.priorities`` and ``self.streams``."""
+        self.resets, self.priorities, self.streams = None, False, False
+        self.sessions: dict[str, int] = {}     # streaming session -> tokens it may reach (prompts + max_tokens)
+        self.seen: list[tuple[int, ...]] = []  # sequences the engine held, for follow-up prompts
         from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS, features
         have = features()
         out: dict = {}
@@ -222,6 +224,9 @@ class InputsEngineMachine(SpecEngineMachine):
             self.priorities = True
         if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
             self.resets = ("reset_preempt" in have)
+        # streaming sessions (and follow-up prompts), drawn last so that the draws above stay as they were
+        if "streaming" in have and data.draw(st.sampled_from((False, False, True)), label="streaming"):
+            self.streams = True
         # the connector only over full attention: with a sliding-window group, vLLM frees the
         # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
         # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
@@ -236,10 +241,57 @@ class InputsEngineMachine(SpecEngineMachine):
     def priority(self, data) -> int:
         return data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
 
+    # -- streaming sessions and follow-up prompts (where the release has them) -------------
+    @precondition(lambda self: getattr(self, "streams", False) and len(self.arrived) < MAX_ARRIVED)
+    @rule(data=st.data())
+    def arrive_session(self, data):
+        """A streaming session, or a follow-up whose prompt repeats a sequence the engine held."""
+        follow = bool(self.seen) and data.draw(st.booleans(), label="follow_up")
+        if follow:
+            base = data.draw(st.sampled_from(self.seen[-6:]), label="resent")   # a recent turn
+            tail = data.draw(st.lists(st.sampled_from([t for c in _chunks() for t in c]), max_size=BLOCK_SIZE),
+                             label="new_turn")
+            prompt = (tuple(base) + tuple(tail))[: self.longest]
+        else:
+            prompt = data.draw(_prompts(self.longest), label="prompt")
+        prompt = prompt[: self.longest - 1]   # a session stays within the pool and any max_model_len cap
+        max_tokens = data.draw(st.integers(1, 4).filter(lambda m: len(prompt) + m <= self.longest), label="max_tokens")
+        session = not follow
+        rid = f"r{len(self.arrived) + 1}"
+        self.arrived.append(rid)
+        if session:
+            self.sessions[rid] = len(prompt) + max_tokens
+        self.run(Arrive(rid, prompt, max_tokens, None, self.priority(data), session=session))
+
+    @precondition(lambda self: bool(getattr(self, "sessions", None)))
+    @rule(data=st.data())
+    def stream_input(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.sessions)), label="session")
+        room = self.longest - self.sessions[rid]
+        if room < 2:
+            return
+        tokens = [t for c in _chunks() for t in c] + [1, 2, 3, 4]   # sampled tokens too: a client may resend them
+        prompt = tuple(data.draw(st.lists(st.sampled_from(tokens), min_size=1, max_size=min(room - 1, BLOCK_SIZE + 1)),
+                                 label="input"))
+        max_tokens = data.draw(st.integers(1, room - len(prompt)), label="max_tokens")
+        self.sessions[rid] += len(prompt) + max_tokens
+        self.run(StreamInput(rid, prompt, max_tokens))
+
+    def run(self, op) -> None:
+        super().run(op)
+        if getattr(self, "streams", False) and isinstance(op, EngineStep) and self.session is not None:
+            for toks in self.session.engine.tokens().values():   # what a multi-turn client may resend: the
+                # conversation as it saw it, a streaming session's last sampled token included
+                if toks and toks not in self.seen:
+                    self.seen.append(toks)
+
     @precondition(lambda self: getattr(self, "resets", None) is not None)
     @rule(data=st.data())
     def reset_prefix_cache(self, data):   # an operator's reset, mid-run (where the release has it)
-        preempt = bool(self.resets) and data.draw(st.booleans(), label="preempt_running")
+        # not with streaming sessions: a paused session holds KV outside the running queue, which
+        # vLLM's reset_running_requests does not preempt and then refuses with a RuntimeError that
+        # says such requests are "not supported yet" (read in 0.22.0 and 0.33.0)
+        preempt = bool(self.resets) and not self.streams and data.draw(st.booleans(), label="preempt_running")
         self.run(ResetPrefixCache(preempt))
 
 

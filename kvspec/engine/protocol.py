@@ -33,6 +33,12 @@ class StepFacts:
     # under the priority policy: req -> the order preemption follows, (priority, arrival), the largest
     # preempted first, for every request running when the step was scheduled; empty: not checked
     rank: dict[str, tuple] = field(default_factory=dict)
+    # req -> its table (group 0) right after schedule(), where the engine says: the slots the step's
+    # attention reads (the engine-level KV_INTEGRITY, ``kvspec.engine.kv_reads``); empty: not checked
+    tables: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # req -> (first position, count) of tokens whose KV a KV connector loaded when the request was
+    # admitted this step (external computed tokens): their slots hold the KV of that prefix
+    loaded: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @runtime_checkable

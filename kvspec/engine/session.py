@@ -24,12 +24,13 @@ from typing import Any, Optional
 
 from kvspec.engine.checks import check_event, check_reset
 from kvspec.engine.drivers import engine_driver
+from kvspec.engine.kv_reads import EngineKV
 from kvspec.engine.protocol import EngineDriver, StepFacts
 from kvspec.engine.translate import Unexpressible, engine_model, translate
 from kvspec.errors import TargetError
 from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation
-from kvspec.spec.ops import Abort, Arrive, EngineStep, Op, ResetPrefixCache
+from kvspec.spec.ops import Abort, Arrive, EngineStep, Op, ResetPrefixCache, StreamInput
 from kvspec.spec.violation import Violation
 from kvspec.targets.base import Driver, Target
 from kvspec.targets import watchdog
@@ -117,6 +118,9 @@ class EngineSession:
         self.unfollowed: Optional[str] = None  # why the model stopped following the engine (Unexpressible)
         self._before: dict[str, int] = {}      # computed tokens per request before the current event
         self.last_reset: Optional[bool] = None  # what the last ResetPrefixCache returned
+        self.sessions: set[str] = set()        # requests that arrived as streaming sessions
+        self._tokens: dict[str, tuple[int, ...]] = {}   # live requests' tokens when the last step was scheduled
+        self.kv = EngineKV(self.engine.block_size, loaded_externally=getattr(config, "connector", None) is not None)
 
     @property
     def model(self) -> Any:
@@ -138,6 +142,11 @@ class EngineSession:
                 return "empty prompt"
             if op.max_tokens < 1:
                 return f"max_tokens {op.max_tokens} is not positive"
+        if isinstance(op, StreamInput):
+            if op.req not in self.sessions:
+                return f"{op.req} is not a streaming session that arrived"
+            if not op.prompt or op.max_tokens < 1:
+                return "an empty input or a max_tokens that is not positive"
         if isinstance(op, EngineStep) and (op.drafts < 0 or not 0 <= op.accepted):
             return "negative draft or accepted count"
         return None
@@ -156,14 +165,30 @@ class EngineSession:
     def _run(self, op: Op) -> Optional[StepFacts]:
         e = self.engine
         if isinstance(op, Arrive):
+            kw: dict[str, Any] = {}
             if op.priority:   # only drawn for an engine with the priority policy (kvspec.vllm.inputs)
-                e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra, priority=op.priority)
-            else:
-                e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra)
+                kw["priority"] = op.priority
+            if op.session:    # only drawn for an engine with streaming sessions (kvspec.vllm.inputs)
+                kw["session"] = True
+            e.arrive(op.req, tuple(op.prompt), op.max_tokens, op.extra, **kw)
             self.arrived.add(op.req)
+            self.kv.arrived(op.req, op.extra)
+            if op.session:
+                self.sessions.add(op.req)
+            return None
+        if isinstance(op, StreamInput):
+            stream = getattr(e, "stream", None)
+            if stream is None:
+                raise TargetError(f"{op!r}: this engine has no streaming sessions")
+            stream(op.req, tuple(op.prompt), op.max_tokens)
+            if self.unfollowed is None and hasattr(e, "manager_calls"):
+                # the session's tokens after its kept prefix are replaced: a request the cache-level
+                # model has no op for; the engine-level checks (KV_INTEGRITY included) go on
+                self.unfollowed = "a streaming session's input replaced its tokens after its kept prefix"
             return None
         if isinstance(op, EngineStep):
             token = op.token
+            self._tokens = e.tokens()   # what the step's scheduled tokens are (KV_INTEGRITY's writes)
             return e.step(lambda req, pos: token, op.drafts, op.accepted)
         if isinstance(op, Abort):
             e.abort(op.req)
@@ -234,5 +259,8 @@ class EngineSession:
             if op.preempt_running and self.last_reset is False:
                 return [Violation("ACCOUNTING", f"{op!r}: reset_prefix_cache returned False after the engine "
                                                 f"preempted every running request")]
-        return check_event(op, facts, self.engine, allocated if reported else None, held,
-                           shared_slots=bool(getattr(self.traits, "whole_prompt_hits", False)))
+        found = check_event(op, facts, self.engine, allocated if reported else None, held,
+                            shared_slots=bool(getattr(self.traits, "whole_prompt_hits", False)))
+        if isinstance(op, EngineStep) and facts is not None:
+            found += self.kv.step(repr(op), facts, self._tokens)
+        return found

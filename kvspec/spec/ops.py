@@ -150,12 +150,27 @@ class Finish(Op):
 class Arrive(Op):
     """A request arrives at the engine with its prompt and ``max_tokens`` (it finishes by
     length). ``extra``: extra keys as for ``Admit`` (``'lora:NAME@PATH'``, ``'salt:s'``).
-    ``priority``: under the priority policy, lower values are served first and preempted last."""
+    ``priority``: under the priority policy, lower values are served first and preempted last.
+    ``session``: a streaming (resumable) session: when it reaches ``max_tokens`` it waits,
+    holding its KV, for its next input (``StreamInput``) instead of finishing."""
     req: str
     prompt: tuple[int, ...]
     max_tokens: int = 4
     extra: Optional[str] = None
     priority: int = 0
+    session: bool = False
+    level: ClassVar[str] = "engine"
+
+
+@dataclass(frozen=True)
+class StreamInput(Op):
+    """A streaming session's next input: the engine keeps the session's tokens up to its
+    last sampled one (which the session discards, as vLLM's streaming input does), appends
+    ``prompt`` and runs ``max_tokens`` more. The KV of every kept token stays valid; the
+    slots after it must be recomputed for the new tokens (KV_INTEGRITY)."""
+    req: str
+    prompt: tuple[int, ...]
+    max_tokens: int = 4
     level: ClassVar[str] = "engine"
 
 
@@ -188,7 +203,7 @@ class ResetPrefixCache(Op):
 
 POOL_OPS = (Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset)
 CACHE_OPS = (Admit, Step, Preempt, Finish, Prefill, Verify)
-ENGINE_OPS = (Arrive, EngineStep, Abort, ResetPrefixCache)
+ENGINE_OPS = (Arrive, EngineStep, Abort, ResetPrefixCache, StreamInput)
 
 
 def _short_repr(self: Op) -> str:

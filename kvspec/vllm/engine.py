@@ -193,6 +193,7 @@ class VllmEngine:
         self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them
         self._calls: list[ManagerCall] = []
         self._accepted: dict[str, int] = {}   # request -> drafts kept, for this step's output update
+        self._loaded: dict[str, tuple[int, int]] = {}   # request -> (first, count) a connector loaded this step
 
     # -- the recorder's reports --------------------------------------------------------
     def computed_of(self, request: Any) -> int:
@@ -206,6 +207,8 @@ class VllmEngine:
         ext = args.get("num_external_computed_tokens", 0) or 0
         if ok:
             self._computed[rid] = (hit + ext if admit else before) + new
+            if admit and ext:
+                self._loaded[rid] = (hit, ext)   # the connector loads these tokens' KV (kv_reads)
         self._calls.append(ManagerCall("admit" if admit else "grow", rid, tuple(request.all_token_ids), new=new,
                                        hit=hit if admit else 0, external=ext if admit else 0,
                                        extra=self.extras.get(rid) if admit else None, ok=ok,
@@ -239,7 +242,7 @@ class VllmEngine:
 
     # -- engine events -----------------------------------------------------------------
     def arrive(self, req: str, prompt: tuple[int, ...], max_tokens: int, extra: Optional[str],
-               priority: int = 0) -> None:
+               priority: int = 0, session: bool = False) -> None:
         try:
             kw = compat.request_extras(extra, compat.is_legacy(self.request_mod), parse_extra)
         except ValueError as e:
@@ -247,21 +250,34 @@ class VllmEngine:
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         if priority:
             kw["priority"] = priority   # only drawn where Request takes it (kvspec.vllm.inputs.has_priority_policy)
+        if session:
+            kw["resumable"] = True      # only drawn where Request takes it ("streaming", kvspec.vllm.inputs)
         r = compat.new_request(self.request_mod, req, list(prompt), params, self.hasher, kw)
         self.extras[req] = extra
         self.sched.add_request(r)
 
+    def stream(self, req: str, prompt: tuple[int, ...], max_tokens: int) -> None:
+        """A streaming session's next input, as vLLM's engine hands it to the scheduler: a
+        resumable request under the session's id (``add_request`` turns it into the
+        session's ``StreamingUpdate``; queued if the session is still running)."""
+        kw = compat.request_extras(self.extras.get(req), compat.is_legacy(self.request_mod), parse_extra)
+        kw["resumable"] = True
+        params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        self.sched.add_request(compat.new_request(self.request_mod, req, list(prompt), params, self.hasher, kw))
+
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
         s = self.sched
         running_before = {r.request_id for r in s.running}
+        self._loaded = {}
         out = s.schedule()
+        loaded, self._loaded = self._loaded, {}
         bs = self.block_size
         scheduled = dict(out.num_scheduled_tokens)
-        start, slots, sampled, covered = {}, {}, [], {}
+        start, slots, sampled, covered, tables = {}, {}, [], {}, {}
         for rid, n in scheduled.items():
             req = s.requests[rid]
             start[rid] = req.num_computed_tokens - n   # schedule() already advanced it
-            table = self._table(rid, 0)
+            table = tables[rid] = self._table(rid, 0)
             slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
                                if p // bs < len(table))
             covered[rid] = len(table) * bs   # positions the table has room for, lookahead included
@@ -295,7 +311,8 @@ class VllmEngine:
             ids = [r.request_id for r in s.running]
             s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
         return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
-                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank)
+                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
+                         tables=tables, loaded=loaded)
 
     def abort(self, req: str) -> None:
         self.sched.finish_requests(req, self.status.FINISHED_ABORTED)

@@ -129,6 +129,12 @@ KNOWN_CHANGES = (
            "vllm-project/vllm#18829: with a KV connector, aborting a request still waiting asserts in "
            "KVCacheManager.get_block_ids (AssertionError); fixed by #18485",
            level="engine", message=r"get_block_ids"),
+    Change("0.15.0", "0.32.0", "KV_INTEGRITY", True,
+           "vllm-project/vllm#49449 (and #49377): a streaming session's next input replaces the token after its "
+           "kept prefix, but update_block_hashes only appends, so a block the discarded token completed keeps that "
+           "token's hash and is cached under it holding the new token's KV; 0.32.0 drops the hashes past the kept "
+           "tokens (read: del session.block_hashes[...]); PRs #49619, #52806, #53156",
+           level="engine"),
 )
 
 

@@ -30,8 +30,18 @@ version number, and each with the meaning the checks give it:
   (slots for them, the KV of exactly that prefix, never cached as the request's own
   computation until its blocks are full).
 
+- streaming input sessions (``Arrive.session``, ``StreamInput``; vLLM's resumable requests,
+  where ``Request`` takes ``resumable`` and the release has ``StreamingUpdate``): a session
+  that reaches its ``max_tokens`` waits, holding its KV, for its next input, which keeps
+  its tokens up to the last sampled one and appends the new prompt. The KV of the kept
+  tokens stays valid; every later slot must be recomputed for the new tokens, and a block
+  cached under a hash of tokens it no longer holds serves wrong KV to the next request
+  that hits it (KV_INTEGRITY at the engine level, ``kvspec.engine.kv_reads``). Streaming
+  examples also draw follow-up requests whose prompt repeats a sequence the engine has
+  held (a prompt plus its output, as a multi-turn client resends it), so such a hit is drawn.
+
 Not drawn yet (see reports/vllm-engine-inputs.md): the connector's asynchronous and
-failed loads, async scheduling (two steps in flight), streaming (resumable) requests.
+failed loads, async scheduling (two steps in flight).
 """
 from __future__ import annotations
 
@@ -52,7 +62,7 @@ def _params(fn: Any) -> set[str]:
 @functools.lru_cache(maxsize=1)
 def features() -> frozenset[str]:
     """What the installed vLLM's scheduler takes, of: "reset", "reset_preempt",
-    "priority", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
+    "priority", "connector", "streaming", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
     speculative config the release accepts with a draft model of the engine's own shape."""
     out: set[str] = set()
     try:
@@ -72,11 +82,23 @@ def features() -> frozenset[str]:
         out.add("priority")
     if _connector_pluggable():
         out.add("connector")
+    if "resumable" in _params(Request.__init__) and _has_streaming_updates():
+        out.add("streaming")
     if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
         for method in LOOKAHEAD_DRAFTERS:
             if _drafter_reserves(method, isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property)):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
+
+
+def _has_streaming_updates() -> bool:
+    """Whether the scheduler turns a resumable request under a live session's id into that
+    session's next input (``StreamingUpdate``: vLLM's streaming input sessions)."""
+    try:
+        from vllm.v1.request import StreamingUpdate  # noqa: F401
+        return True
+    except Exception:
+        return False
 
 
 def _connector_pluggable() -> bool:
