@@ -153,3 +153,31 @@ def test_a_gate_that_counts_hits_or_a_declared_admission_is_not_read(tmp_path):
     (d / "pyproject.toml").write_text("[tool.kvspec]\nadmit_all_blocks = false\n")
     t = load_target(f"{d / 'strict_declared.py'}:BlockManager")
     assert not t.traits.admit_all_blocks and READ_MARK not in t.traits.declaration  # declared: never read over
+
+
+# -- the engine level: the same reading, through a scheduler of our own ------------------------
+def test_the_engine_level_reports_a_whole_prompt_hit_under_an_unguarded_runner_as_a_bug(tmp_path):
+    """tests/data/nano_engine/nanoshapes (written for kvspec), with its manager letting a hit cover
+    the whole prompt and a model runner that computes ``seq[num_cached_tokens:]``."""
+    import shutil
+    from kvspec.spec.ops import Arrive, EngineStep
+    src = ROOT / "tests" / "data" / "nano_engine" / "nanoshapes"
+    pkg = tmp_path / "wp_engine"
+    shutil.copytree(src, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for f in pkg.rglob("*.py"):
+        f.write_text(f.read_text().replace("nanoshapes", "wp_engine"))
+    bm = pkg / "engine" / "block_manager.py"
+    never_whole = " if full and (i + 1) * self.block_size < len(seq) else None"
+    assert never_whole in bm.read_text()
+    bm.write_text(bm.read_text().replace(never_whole, " if full else None"))
+    (pkg / "engine" / "model_runner.py").write_text(UNGUARDED.replace("for seq in seqs:", "for seq, _ in seqs:"))
+    t = load_target(f"{bm}:BlockManager")
+    assert t.traits.whole_prompt_hits is False and "whole_prompt_hits" not in t.traits.hintable
+    cfg = Config(level="engine", num_blocks=5, block_size=BS, caching=True)
+    steps = [Arrive("r1", (1, 2, 3, 4), 1), EngineStep(token=3), Arrive("r2", (1, 2, 3, 4), 2), EngineStep(token=3)]
+    out = run_steps(t, cfg, steps)
+    assert out.failed and out.invariant == "MAX_HIT" and out.index == 3, out
+    f = Finding("violation", "engine", cfg, steps, [], 3)
+    f.violations = out.violations
+    label(t, f)
+    assert f.label == "bug" and "kvspec read whole_prompt_hits = false from your code: model_runner.py:6" in f.disproved
