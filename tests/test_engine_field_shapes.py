@@ -88,12 +88,14 @@ def test_whether_the_admission_gate_can_see_hits_is_read_from_its_code(cls, expe
     assert gate_counts_hits(cls) is expected
 
 
-def test_an_undeclared_gate_that_cannot_see_hits_is_checked_as_admitting_all_blocks_at_the_engine_level():
+def test_an_undeclared_gate_that_cannot_see_hits_is_checked_as_admitting_all_blocks_at_both_levels():
     from kvspec.check.session import Session
     from kvspec.spec.config import Config
     from kvspec.targets.user_target import load_user_target
     target = load_user_target(f"{SHAPES}:BlockManager")
-    assert target.traits.admit_all_blocks is False        # the cache level: vLLM's admission, a hint if it differs
+    # read at load, for both levels (kvspec.targets.nano_reading; the engine level alone read it before)
+    assert target.traits.admit_all_blocks is True and "admit_all_blocks" not in target.traits.hintable
+    assert "read from its code: admit_all_blocks = true" in target.traits.declaration
     s = Session(target, Config(level="engine", num_blocks=5, block_size=BS, caching=True))
     assert s.traits.admit_all_blocks is True and "admit_all_blocks" not in s.traits.hintable
     assert s.model.admit_all_blocks is True

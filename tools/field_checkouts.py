@@ -112,7 +112,7 @@ def render(doc: dict[str, Any], classes: dict[str, Any]) -> str:
             if not fs:
                 what = r.get("error") or ""
                 rows.append(f"| {e['repo']}{'/' + e['sub'] if e['sub'] else ''} | `{e['commit'][:7]}` | {r['level']} | "
-                            f"{r['result']} ({r.get('seconds')} s) | {what[:200]} | — | "
+                            f"{r['result']} ({r.get('seconds')} s) | {what[:200]} | — | — | "
                             f"{classes.get(k + ':' + r['level'] + ':load', {}).get('reason', '')} |")
             for f in fs:
                 c = classes.get(f"{k}:{r['level']}:{f['invariant']}", {"class": "unclassified", "reason": ""})
@@ -120,11 +120,13 @@ def render(doc: dict[str, Any], classes: dict[str, Any]) -> str:
                 n_real += c["class"] == "real bug"
                 n_engine_mis += r["level"] == "engine" and c["class"] == "kvspec error"
                 rows.append(f"| {e['repo']}{'/' + e['sub'] if e['sub'] else ''} | `{e['commit'][:7]}` | {r['level']} | "
-                            f"findings ({r.get('seconds')} s) | {f['invariant']}: {f['message'][:160]} | {c['class']} | {c['reason']} |")
+                            f"findings ({r.get('seconds')} s) | {f['invariant']}: {f['message'][:160]} | {f.get('label') or '—'} | "
+                            f"{c['class']} | {c['reason']} |")
     head = [f"Runner: `{doc['command']}` ({doc['when']}, kvspec HEAD `{doc['head']}`).", "",
             f"- findings: {n_find}; real bugs: {n_real}; engine-level kvspec misreadings: {n_engine_mis}",
             f"- first-run precision (both levels): {n_real}/{n_find}" + (f" = {100 * n_real / n_find:.0f}%" if n_find else ""), "",
-            "| repository | commit | level | result | finding / error | class | reason |", "|---|---|---|---|---|---|---|"]
+            "| repository | commit | level | result | finding / error | kvspec's label | class | reason |",
+            "|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + rows) + "\n"
 
 

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from kvspec.check.session import run_steps
 from kvspec.spec.invariants import title
 from kvspec.targets.base import Target
+from kvspec.targets.nano_reading import READ_MARK
 from kvspec.targets.policies import HINTABLE, policy_value, with_policies
 
 # What each policy value means, said of the user's engine: "if <words>, declare ...".
@@ -114,6 +115,25 @@ def label(target: Target, finding: Any) -> None:
         return
     finding.hints = explain(target, finding)
     finding.label = "policy" if finding.hints else "bug"
+    if not finding.hints:
+        finding.disproved = read_over(target, finding) or finding.disproved
+
+
+def read_over(target: Target, finding: Any) -> Optional[str]:
+    """Why a bug is one although another value of a policy kvspec read from the target's
+    code (``Traits.read``) would pass its repro: the code settles that policy."""
+    for key, value, why in getattr(target.traits, "read", ()):
+        for alt in HINTABLE.get(key, ()):
+            if alt == value:
+                continue
+            try:
+                passed = not run_steps(assuming(target, {key: alt}), finding.config, finding.steps).failed
+            except Exception:
+                passed = False
+            if passed:
+                return (f"`{key} = {toml(alt)}` passes this repro, but kvspec read {key} = {toml(value)} "
+                        f"from your code: {why}")
+    return None
 
 
 def continue_search(target: Target, target_spec: str, report: Any, kw: dict[str, Any]) -> None:
@@ -263,8 +283,11 @@ def not_second_guessed(report: Any) -> Optional[str]:
     hintable = getattr(report, "hintable", None)
     if hintable is None or not hintable or len(hintable) == len(HINTABLE):
         return None
-    declared = [k for k in HINTABLE if k not in hintable]
-    return f"declared, so not second-guessed by hints: {', '.join(declared)}"
+    # a policy read from the target's code (kvspec.targets.nano_reading) is named in the
+    # declaration line, with why; it was not declared
+    read = str(getattr(report, "declaration", "") or "").partition(READ_MARK)[2]
+    declared = [k for k in HINTABLE if k not in hintable and f"{k} = " not in read]
+    return f"declared, so not second-guessed by hints: {', '.join(declared)}" if declared else None
 
 
 def assuming_lines(report: Any) -> list[str]:

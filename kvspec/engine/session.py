@@ -72,22 +72,6 @@ class _Replayed(Target):
         return self.name
 
 
-def _read_admission(traits: Any, engine: Any) -> Any:
-    """The engine level follows the engine's own admission: where the target leaves
-    ``admit_all_blocks`` undeclared (open to a hint) and its manager's gate reads nothing
-    hash-named (``nano_api.gate_counts_hits``: it cannot count prefix hits), the engine
-    admits only when all the prompt's blocks are free, and the model is told so rather than
-    reporting each such refusal as a policy finding with a hint."""
-    parts = getattr(engine, "parts", None)
-    hintable = getattr(traits, "hintable", frozenset())
-    if parts is None or "admit_all_blocks" not in hintable or getattr(traits, "admit_all_blocks", True):
-        return traits
-    from kvspec.targets.nano_api import gate_counts_hits
-    if gate_counts_hits(parts.manager_cls, getattr(engine, "names", None)) is not False:
-        return traits
-    return dataclasses.replace(traits, admit_all_blocks=True, hintable=frozenset(hintable) - {"admit_all_blocks"})
-
-
 class EngineSession:
     """The engine level's Session (see the module doc)."""
 
@@ -104,9 +88,9 @@ class EngineSession:
         self.output = Tail()  # what the engine printed during this session's events
         self._streams = streams(self.output)
         self.engine: EngineDriver = engine_driver(target, config)
-        self.traits = _read_admission(target.traits, self.engine)
+        # the policies the package's code settles (admission, whole-prompt hits) were read at
+        # load, for both levels (kvspec.targets.nano_reading)
         self._replayed = _Replayed(target, self.engine.observe())
-        self._replayed.traits = self.traits
         self.cache = cache_session(self._replayed, dataclasses.replace(config, level="cache", spec_tokens=0),
                              incremental=False)
         engine_model(self.cache.model)

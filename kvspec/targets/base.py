@@ -103,6 +103,10 @@ class Traits:
     # undeclared: only these are open to policy hints (kvspec.check.hints). A key the user
     # declared is never second-guessed; kvspec's own targets leave none open.
     hintable: frozenset[str] = frozenset()
+    # Policies kvspec read from the target's own code where nothing was declared
+    # (kvspec.targets.nano_reading): (key, value, why) triples. A read key is closed to
+    # hints; a finding its other value would accept says why it is a bug (kvspec.check.hints).
+    read: tuple[tuple[str, Any, str], ...] = ()
     # Policies assumed on a policy hint's word, never declared by the user: (key, value)
     # pairs a continued search (kvspec.check.hints) and its repros run under.
     assumed: tuple[tuple[str, Any], ...] = ()

@@ -171,6 +171,11 @@ def declared_nano_traits(manager_cls: type, seq_cls: type, api: str, name: str, 
         defaults["admit_all_blocks"] = False  # a user class: vLLM's admission
     t = declared_traits(nano_traits(manager_cls, seq_cls, api, make), cls=manager_cls, source=source, name=name,
                         defaults=defaults, defaults_name=defaults_name)
+    # what the package's code settles of the policies left open (kvspec.targets.nano_reading)
+    from kvspec.targets.nano_reading import read_policies
+    from pathlib import Path
+    src = Path(source) if source is not None else _source_file(manager_cls)
+    t = read_policies(t, manager_cls, names, Path(src) if src is not None else None)
     return check_nano_policies(t, name, supported)
 
 
