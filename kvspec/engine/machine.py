@@ -209,8 +209,8 @@ class InputsEngineMachine(SpecEngineMachine):
         """The deployment inputs of this example (see the module doc): Config fields; sets
         ``self.resets`` (None: no resets drawn), ``self.priorities`` and ``self.streams``."""
         self.resets, self.priorities, self.streams = None, False, False
-        self.sessions: dict[str, int] = {}     # streaming session -> tokens it may reach (prompts + max_tokens)
-        self.seen: list[tuple[int, ...]] = []  # sequences the engine held, for follow-up prompts
+        self.sessions: dict[str, int] = {}     # streaming session -> its tokens when its turn ends
+        self.seen: dict[str, list[tuple[int, ...]]] = {}   # request -> its sequences the engine held (follow-ups)
         from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS, features
         have = features()
         out: dict = {}
@@ -225,7 +225,7 @@ class InputsEngineMachine(SpecEngineMachine):
         if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
             self.resets = ("reset_preempt" in have)
         # streaming sessions (and follow-up prompts), drawn last so that the draws above stay as they were
-        if "streaming" in have and data.draw(st.sampled_from((False, False, True)), label="streaming"):
+        if "streaming" in have and data.draw(st.booleans(), label="streaming"):
             self.streams = True
         # the connector only over full attention: with a sliding-window group, vLLM frees the
         # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
@@ -242,20 +242,36 @@ class InputsEngineMachine(SpecEngineMachine):
         return data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
 
     # -- streaming sessions and follow-up prompts (where the release has them) -------------
+    @precondition(lambda self: len(self.arrived) < MAX_ARRIVED)
+    @rule(data=st.data())
+    def arrive(self, data):
+        """As EngineMachine's; in a streaming example, a session or a follow-up turn."""
+        if getattr(self, "streams", False):
+            self.arrive_session(data)
+        else:
+            EngineMachine.arrive(self, data)
+
     @precondition(lambda self: getattr(self, "streams", False) and len(self.arrived) < MAX_ARRIVED)
     @rule(data=st.data())
     def arrive_session(self, data):
-        """A streaming session, or a follow-up whose prompt repeats a sequence the engine held."""
+        """A streaming session, or a follow-up turn: a prompt that resends one of a request's
+        recent sequences, as a multi-turn client resends the conversation it saw (its last
+        sampled token included), plus a new turn."""
         follow = bool(self.seen) and data.draw(st.booleans(), label="follow_up")
         if follow:
-            base = data.draw(st.sampled_from(self.seen[-6:]), label="resent")   # a recent turn
-            tail = data.draw(st.lists(st.sampled_from([t for c in _chunks() for t in c]), max_size=BLOCK_SIZE),
-                             label="new_turn")
-            prompt = (tuple(base) + tuple(tail))[: self.longest]
+            rid = data.draw(st.sampled_from(sorted(self.seen)), label="conversation")
+            base = data.draw(st.sampled_from(self.seen[rid][-3:]), label="resent")
+            tail = data.draw(st.lists(st.sampled_from([t for c in _chunks() for t in c]), min_size=1,
+                                      max_size=BLOCK_SIZE), label="new_turn")
+            prompt = tuple(base) + tuple(tail)
         else:
             prompt = data.draw(_prompts(self.longest), label="prompt")
         prompt = prompt[: self.longest - 1]   # a session stays within the pool and any max_model_len cap
-        max_tokens = data.draw(st.integers(1, 4).filter(lambda m: len(prompt) + m <= self.longest), label="max_tokens")
+        # a turn that ends on a block boundary half the time: its last sampled token, which the
+        # session's next input discards, then completes a block
+        fits = [m for m in range(1, 5) if len(prompt) + m <= self.longest]
+        edge = [m for m in fits if (len(prompt) + m) % BLOCK_SIZE == 0]
+        max_tokens = data.draw(st.sampled_from(fits + edge * len(fits)), label="max_tokens")
         session = not follow
         rid = f"r{len(self.arrived) + 1}"
         self.arrived.append(rid)
@@ -266,24 +282,51 @@ class InputsEngineMachine(SpecEngineMachine):
     @precondition(lambda self: bool(getattr(self, "sessions", None)))
     @rule(data=st.data())
     def stream_input(self, data):
-        rid = data.draw(st.sampled_from(sorted(self.sessions)), label="session")
-        room = self.longest - self.sessions[rid]
+        """A session's next input: it keeps its tokens but the last sampled one, then appends it."""
+        self._stream(data.draw(st.sampled_from(sorted(self.sessions)), label="session"), data)
+
+    def _stream(self, rid: str, data) -> None:
+        kept = self.sessions[rid] - 1
+        room = self.longest - kept
         if room < 2:
             return
         tokens = [t for c in _chunks() for t in c] + [1, 2, 3, 4]   # sampled tokens too: a client may resend them
         prompt = tuple(data.draw(st.lists(st.sampled_from(tokens), min_size=1, max_size=min(room - 1, BLOCK_SIZE + 1)),
                                  label="input"))
-        max_tokens = data.draw(st.integers(1, room - len(prompt)), label="max_tokens")
-        self.sessions[rid] += len(prompt) + max_tokens
+        fits = list(range(1, room - len(prompt) + 1))
+        edge = [m for m in fits if (kept + len(prompt) + m) % BLOCK_SIZE == 0]   # as in arrive_session
+        max_tokens = data.draw(st.sampled_from(fits + edge * len(fits)), label="max_tokens")
+        self.sessions[rid] = kept + len(prompt) + max_tokens
         self.run(StreamInput(rid, prompt, max_tokens))
+
+    def _answer_paused(self, data) -> None:
+        """A streaming client sends its next input as soon as its session pauses, half the time
+        (so the input does not wait on a rule that swarm testing may have turned off)."""
+        paused = getattr(getattr(self.session, "engine", None), "paused", None)
+        if not getattr(self, "streams", False) or not callable(paused):
+            return
+        for rid in sorted(paused()):
+            if rid in self.sessions and data.draw(st.booleans(), label="next_input"):
+                self._stream(rid, data)
+
+    @rule(token=_TOKEN, data=st.data())
+    def step(self, token, data):
+        self.run(EngineStep(token=token))
+        self._answer_paused(data)
+
+    @rule(token=_TOKEN, data=st.data())
+    def step_again(self, token, data):
+        SpecEngineMachine.step_again(self, token, data)
+        self._answer_paused(data)
 
     def run(self, op) -> None:
         super().run(op)
         if getattr(self, "streams", False) and isinstance(op, EngineStep) and self.session is not None:
-            for toks in self.session.engine.tokens().values():   # what a multi-turn client may resend: the
-                # conversation as it saw it, a streaming session's last sampled token included
-                if toks and toks not in self.seen:
-                    self.seen.append(toks)
+            for rid, toks in self.session.engine.tokens().items():   # what a multi-turn client may resend:
+                # the conversation as it saw it, a streaming session's last sampled token included
+                mine = self.seen.setdefault(rid, [])
+                if toks and toks not in mine:
+                    mine.append(toks)
 
     @precondition(lambda self: getattr(self, "resets", None) is not None)
     @rule(data=st.data())

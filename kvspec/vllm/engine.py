@@ -314,6 +314,11 @@ class VllmEngine:
                          lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
                          tables=tables, loaded=loaded)
 
+    def paused(self) -> set[str]:
+        """Streaming sessions waiting for their next input (holding their KV)."""
+        waiting = getattr(self.status, "WAITING_FOR_STREAMING_REQ", None)
+        return {rid for rid, r in self.sched.requests.items() if waiting is not None and r.status == waiting}
+
     def abort(self, req: str) -> None:
         self.sched.finish_requests(req, self.status.FINISHED_ABORTED)
 
