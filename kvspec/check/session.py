@@ -52,9 +52,10 @@ places.
 """
 from __future__ import annotations
 
+
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Optional, Sequence
 
 from kvspec.check import coverage
@@ -197,6 +198,12 @@ class TrackedList(list):
         list.reverse(self)
 
 
+# StepContext's fields in the order ``Session._context`` passes them positionally (a step is
+# built per op, on the model checker's hot path); another order: by name.
+_CTX_POSITIONAL = tuple(f.name for f in fields(StepContext)) == (
+    "op", "config", "traits", "prev", "obs", "model", "misuse", "error", "result", "expected", "shadow", "hashes")
+
+
 class Session:
     # The model checker's hook: checks a step in place of ``check_step`` (it runs the
     # state invariants once per distinct state, see kvspec.mc.search); None: every check.
@@ -303,6 +310,9 @@ class Session:
         return [replace(v, target_output=text) for v in found]
 
     def _context(self, op, obs, misuse, error, result, expected) -> StepContext:
+        if _CTX_POSITIONAL:   # (a dataclass's __init__ binds positional arguments a few times faster)
+            return StepContext(op, self.config, self.traits, self.obs, obs, self.model, misuse, error, result,
+                               expected, self.shadow, self.hashes)
         return StepContext(op=op, config=self.config, traits=self.traits, prev=self.obs, obs=obs,
                            model=self.model, misuse=misuse, error=error, result=result, expected=expected,
                            shadow=self.shadow, hashes=self.hashes)

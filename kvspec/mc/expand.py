@@ -34,9 +34,10 @@ class Expander:
     """The per-search parts of an expansion, and its counters."""
 
     def __init__(self, forker: Fork, ops_of: Callable, key_of: Callable, checker: Any,
-                 next_extra: Callable[[dict, Any], dict], invariant: Optional[str],
+                 next_extra: Optional[Callable[[dict, Any], dict]], invariant: Optional[str],
                  check: Optional[Callable[[], None]] = None) -> None:
         self.forker, self.ops_of, self.key_of, self.checker = forker, ops_of, key_of, checker
+        # ``next_extra`` None: the extra never changes (the pool level), so no call per transition
         self.next_extra, self.invariant = next_extra, invariant
         # the caps (kvspec.mc.budget.Budget.check), asked before each transition: one
         # state's expansion can be long (thousands of ops) or large (each op a whole state)
@@ -72,7 +73,7 @@ class Expander:
                 self.transitions = t0 + i + 1
                 yield i, op, self._ends(found), found
                 continue
-            ex2 = next_extra(extra, op)
+            ex2 = extra if next_extra is None else next_extra(extra, op)
             k = key_of(s, ex2)
             new = k not in seen and k not in also_seen
             checked = True

@@ -481,10 +481,12 @@ class _Search:
             if packable:   # states travel between levels packed
                 res.workers = workers
                 # (not self.ex: the processes' transitions are summed into res level by level)
-                pex = Expander(forker, ops_of, key_of, checker, next_extra, invariant, check=check)
+                pex = Expander(forker, ops_of, key_of, checker, next_extra if cache else None, invariant,
+                               check=check)
                 return parallel_search(res, workers, depth, forker, s0, extra0, seen, key_of, ops_of, checker,
                                        invariant, next_extra, parents, path_to, budget, max_states, pex)
-        ex = self.ex = Expander(forker, ops_of, key_of, checker, next_extra, invariant, check=check)
+        ex = self.ex = Expander(forker, ops_of, key_of, checker, next_extra if cache else None, invariant,
+                                check=check)
         reg: Optional[dict] = None   # the live objects packed states refer to, once packing is on
         mem_cap = budget.mem_cap
 

@@ -105,9 +105,9 @@ class StepChecker:
         # the pool level's transition checks in one pass (kvspec.spec.fast_pool): used only
         # while it stands for every transition check of the catalogue
         self.fast = pool_transition_clean if fast else None
-        # transition checks the one pass does not repeat (INDEX_CONSISTENT reads the model only
-        # for a declared one-block-per-hash index): run as they are beside it, so it stands
-        # for every transition check; at most a few, or the fast pass is not worth it
+        # transition checks the one pass does not repeat (none today: a check added to the
+        # catalogue later): run as they are beside it, so it stands for every transition
+        # check; at most a few, or the fast pass is not worth it
         self.beside = [i for i in self.transition_idx if CHECKS[i].__name__ not in COVERS]
         if len(self.beside) > 2:
             self.fast = None

@@ -19,6 +19,11 @@ Here the pairs are found tentatively and ``commit`` writes them only on a clean
 answer, in the order the check would write them (an answer of ``None`` writes
 nothing: the catalogue's own check then does its writes).
 
+INDEX_CONSISTENT is a transition check only because its exception for a declared
+one-block-per-hash index reads the step; the pass vouches only for an index that is
+consistent without that exception (every entry names a block of its hash, every hashed
+usable block is in its entry), where the check finds nothing whatever the step.
+
 Which checks it stands for is ``COVERS``: the names of the catalogue's checks whose
 pool-level behaviour it repeats. ``covers(names)`` is False when the search's
 transition checks include one that is not in it (a check added to the catalogue
@@ -37,7 +42,7 @@ from kvspec.spec.ops import Alloc, Cache, CachePartial, Free, FreeForeign, Looku
 # GroupCacheModel), which the preconditions below make sure of.
 COVERS = frozenset({"no_crash", "atomic_reject", "null_block", "accounting_step", "hash_chain", "full_only",
                     "cached_evictable", "max_hit", "no_leak", "stable_ids", "eviction_order", "kv_integrity",
-                    "hit_content", "hit_agreement", "window", "slots"})
+                    "hit_content", "hit_agreement", "window", "slots", "index_consistent"})
 
 _POOL_OPS = frozenset({Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset})
 
@@ -101,11 +106,15 @@ def _clean(ctx: Any) -> Optional[tuple]:
     if null is not None:                  # NULL_BLOCK
         if null in obs.queue or blocks[null].hash is not None:
             return None  # NULL_BLOCK: queued
-        for ids in obs.index.values():
-            if null in ids:
-                return None  # NULL_BLOCK: indexed
         if t is Alloc and isinstance(result, tuple) and null in result:
             return None  # NULL_BLOCK: allocated
+    index = obs.index
+    for h, ids in index.items():          # INDEX_CONSISTENT: every entry names a block holding its hash
+        for x in ids:
+            if null is not None and x == null:
+                return None  # NULL_BLOCK: indexed
+            if type(x) is not int or not 0 <= x < n or blocks[x].hash != h:
+                return None  # INDEX_CONSISTENT: an entry names a block of another hash
     if list(obs.queue) != model.queue:
         return None                       # EVICTION_ORDER
     usable = obs.usable_ids()
@@ -145,6 +154,8 @@ def _clean(ctx: Any) -> Optional[tuple]:
             return None                   # I4 (cached_evictable): still carries a hash
         if r > 0 and o.ref > 0 and o.hash is not None and h != o.hash:
             return None                   # I3 (full_only)
+        if b not in index.get(h, ()):
+            return None  # INDEX_CONSISTENT: a hashed block missing from the index
         if hashes is None:
             continue
         k = t2k_get(h)                    # HASH_CHAIN, tentatively

@@ -288,34 +288,33 @@ def guarded(seconds: Optional[float], fn: Callable, *args: Any) -> Any:
     the caller gets it (one clock read): the watchdog thread wakes only every few
     milliseconds, so without this a limit shorter than that (``--op-timeout 0.000001``)
     would catch a call or not by chance, and a replay of the same steps could end
-    elsewhere. With it, every call longer than the limit is one, every time."""
+    elsewhere. With it, every call longer than the limit is one, every time.
+
+    One function (no inner call): it runs twice per step of every session, and the model
+    checker's steps are a few tens of microseconds."""
+    global _active, _seq
     real_exit = os._exit
     os._exit = _target_exit  # the attribute, as `os._exit(0)` looks it up (a copy taken at import escapes this)
     try:
-        return _guarded(seconds, fn, args)
+        if not seconds:
+            return fn(*args)
+        if (_watcher is None or _get_ident() != _MAIN_IDENT) and not _main_thread_ok():
+            return _in_thread(seconds, fn, args)
+        outer = _active  # a call inside a bounded() block: the block's limit comes back after it
+        _seq += 1
+        deadline = _mono() + seconds
+        _active = (_seq, deadline, seconds)
+        try:
+            result = fn(*args)
+        finally:
+            _active = outer
+            if _trap is not None:  # a raise that waited for a frame which returned first
+                _clear_trap()
+        if _mono() > deadline:
+            raise OpTimeout(seconds)
+        return result
     finally:
         os._exit = real_exit
-
-
-def _guarded(seconds: Optional[float], fn: Callable, args: tuple) -> Any:
-    global _active, _seq
-    if not seconds:
-        return fn(*args)
-    if (_watcher is None or _get_ident() != _MAIN_IDENT) and not _main_thread_ok():
-        return _in_thread(seconds, fn, args)
-    outer = _active  # a call inside a bounded() block: the block's limit comes back after it
-    _seq += 1
-    deadline = _mono() + seconds
-    _active = (_seq, deadline, seconds)
-    try:
-        result = fn(*args)
-    finally:
-        _active = outer
-        if _trap is not None:  # a raise that waited for a frame which returned first
-            _clear_trap()
-    if _mono() > deadline:
-        raise OpTimeout(seconds)
-    return result
 
 
 def _in_thread(seconds: float, fn: Callable, args: tuple) -> Any:
