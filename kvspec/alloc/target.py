@@ -113,6 +113,10 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
     """The target for ``cls``'s own allocator API; ``why``: the other APIs' refusal line."""
     amap = amap or mapping_for(cls, source)
     if amap is None:
+        from kvspec.alloc.radix import infer_radix, load_radix
+        radix = infer_radix(cls)
+        if radix is not None:  # a trie prefix cache: kvspec supplies the allocator (kvspec.alloc.radix)
+            return load_radix(spec, cls, make, radix)
         raise refusal(spec, cls, why, source)
     from kvspec.targets.contract import check_calls
     check_calls(spec, cls, _calls(amap))  # the mapping bound to the signatures, before anything runs
