@@ -54,7 +54,9 @@ def probe_fork(driver: Any, seq: Any) -> None:
     probe = ForkProbe(lambda p, c: getattr(mgr, name)(p, c), append, lambda c: driver.call("deallocate", c),
                       lambda s: list(table_ids(driver._seq_get(s, "block_table"))),
                       lambda: observed().get("free_count", len(observed()["free"])),
-                      lambda: [row[0] for row in observed()["blocks"]], lambda v: v is False,
+                      lambda: ([row[0] for row in observed()["blocks"]]
+                               if getattr(mgr, "kvspec_pool_refs", True) else None),  # no ref counts: not read
+                      lambda v: v is False,
                       {"fork": name, "append_token": driver.meth["allocate"],
                        "free_sequence": driver.meth["deallocate"]}, False)
     probe.run(seq, child, len(seq), driver.bs)

@@ -64,4 +64,5 @@ def observe_through_pool(cls: type, probe: Any) -> Optional[type]:
         return out
 
     return type(cls.__name__, (cls,), {"kvspec_observe": kvspec_observe, "__module__": cls.__module__,
-                                       "__doc__": cls.__doc__, "kvspec_pool_field": field})
+                                       "__doc__": cls.__doc__, "kvspec_pool_field": field,
+                                       "kvspec_pool_refs": bool(m.get("ref_counts"))})
