@@ -25,14 +25,14 @@ def _module(name: str):
 
 
 def _check(name: str, tmp_path, n: int):
-    spec = f"{CORPUS / name}:BlockManager"
+    spec = f"{CORPUS / name}:PoolBlockManager"
     target = load_target(spec)
     return target, run_check(target, spec, level="all", seed=0, max_examples=n, report_dir=str(tmp_path))
 
 
 def test_the_shape_is_read_as_the_chunked_generation_with_its_sequence_adapted():
     mod = _module("nano_pool_fork.py")
-    assert chunked_by_default(mod.BlockManager) and detect_nano_api(mod.BlockManager) == CHUNKED
+    assert chunked_by_default(mod.PoolBlockManager) and detect_nano_api(mod.PoolBlockManager) == CHUNKED
     seq_cls = split_sequence(mod.Sequence)
     s = seq_cls(prompt_token_ids=[1, 2, 3])
     s.append_token(9)

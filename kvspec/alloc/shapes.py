@@ -77,7 +77,7 @@ def is_object(x: Any) -> bool:
 FREE_FIELDS = ("free_block_ids", "free_blocks", "free_list", "free_ids", "free", "_free", "free_pages",
                "free_queue", "_free_blocks", "_free_list", "available_blocks", "pool")
 REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts", "_refs",
-              "_ref_count", "_refcount")
+              "_ref_count", "_refcount", "ref", "_ref")
 NUM_BLOCKS_PARAMS = ("num_blocks", "n_blocks", "num_gpu_blocks", "total_blocks", "num_total_blocks", "capacity",
                      "num_pages", "n_pages", "size", "max_blocks", "pool_size", "blocks", "num_kv_blocks")
 # the shape of KV tensors an allocator owns: built as small as it goes (1), whatever their defaults

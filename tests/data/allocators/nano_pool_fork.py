@@ -59,7 +59,7 @@ class Sequence:
         self.num_computed_tokens = 0
 
 
-class BlockManager:
+class PoolBlockManager:
     def __init__(self, num_blocks, block_size=16):
         self.block_size = block_size
         self.pool = Pool(num_blocks)
