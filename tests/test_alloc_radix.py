@@ -54,3 +54,13 @@ def test_radix_roles_and_match_results_are_read_from_the_class():
     assert parse_match((2, [4, 5, 6])) == ([4, 5], None)
     assert parse_match(([4, 5], "node")) == ([4, 5], "node")
     assert infer_radix(type("NotATree", (), {"insert": lambda self, k, v: None})) is None
+
+
+def test_a_trie_without_a_way_to_unlock_is_refused_in_one_line(tmp_path):
+    from kvspec.targets.base import TargetError
+    f = tmp_path / "nounlock.py"
+    f.write_text("class T:\n    def match_prefix(self, key):\n        return []\n"
+                 "    def insert(self, key, values):\n        pass\n    def evict(self, n):\n        return []\n")
+    with pytest.raises(TargetError) as e:
+        load_target(f"{f}:T")
+    assert "\n" not in str(e.value) and "a way to unlock a match" in str(e.value)
