@@ -8,10 +8,14 @@ How kvspec drives one (its own engine, as sglang's scheduler drives sglang's tre
   block's tokens, with one value per item, the block id. A pure-Python trie compares items
   with ``==`` and keys children on them, so every divergence falls on a block boundary and a
   match is whole blocks (a paged tree, as sglang's with page_size > 1);
-- Admit: match the prompt's full blocks (a whole prompt may hit) and keep the match's lock; capacity = free blocks + the tree's evictable blocks; evict the shortfall
+- Admit: match the prompt's full blocks (a whole prompt may hit) and keep the match's
+  lock; capacity = free blocks + the tree's evictable blocks (hits excluded); evict the shortfall
   (called again while it frees something); take fresh blocks from the free list; insert the
   full blocks one block longer per call (so every node holds one block, as a one-page chunked
-  prefill gives), then match the full prefix again, lock it and drop the old lock;
+  prefill gives), then match the full prefix again and lock its leading blocks that are the
+  request's own (a block the tree already had stays the request's, never deduplicated; the
+  request's later blocks hang under the tree's one unlocked, so evicting them only drops the
+  tree's reference), and drop the old lock;
 - Step: a fresh block when the table is full, insert when a block fills;
 - Preempt/Finish: drop the lock; blocks the tree does not hold go back to the free list,
   those it holds stay cached until evicted.
