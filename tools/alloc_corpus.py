@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "allocators"
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "data" / "allocators"
 
 
 def _run(cwd: Path, spec: str, n: int, misuse: bool) -> tuple[int, dict, str]:
     args = [sys.executable, "-m", "kvspec", "check", "--target", spec, "--max-examples", str(n), "--seed", "0",
             "--json", "--report-dir", str(Path(tempfile.mkdtemp()))] + (["--misuse"] if misuse else [])
-    p = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=900)
+    # this checkout's kvspec, whichever python runs the tool and wherever it runs from (a
+    # subprocess in the corpus directory would otherwise import any other kvspec installed)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x))
+    p = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=900, env=env)
     try:
         out = json.loads(p.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -8,6 +8,8 @@ checked through kvspec's pool and cache levels.
 - ``seq_manager``: the cache level on a sequence-keyed allocator, through the nano-vllm driver;
 - ``cow``: the copy-on-write probe where a sequence allocator forks (COPY_ON_WRITE);
 - ``kv_tensors``: KV_INTEGRITY on the KV tensors an allocator owns;
+- ``radix``: trie / radix prefix caches without an allocator of their own, driven at the
+  cache level over a free list kvspec supplies;
 - ``proposal``: the declaration kvspec proposes where it cannot infer one;
 - ``target``: the loader, the mapping shown, the contract bound at load.
 

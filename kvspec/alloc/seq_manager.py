@@ -59,12 +59,14 @@ class SequenceFront:
         self.kv = KVShadow(find_kv(self.inner, num_blocks, self.block_size))  # the KV tensors it owns, if any
         self.written: dict[int, int] = {}  # seq id -> tokens whose KV kvspec wrote
         self.probe = None
+        self.last_copies: list = []
         if self._m.get("fork") is not None:
             self._none_refuses["append_token"] = False
-            self.probe = ForkProbe(self._m["fork"], self._append, self._m["free_sequence"], self._table,
+            self.probe = ForkProbe(self._m["fork"], self._probe_append, self._m["free_sequence"], self._table,
                                    self._free_count, self._refs, lambda v: self._refused("append_token", v),
                                    {r: m.get(r) for r in ("fork", "append_token", "free_sequence")},
-                                   returns_value(type(self.inner), m.get("append_token")))
+                                   bool(m.get("copy_on_write"))
+                                   or returns_value(type(self.inner), m.get("append_token")))
             self.probe_ids = itertools.count(1_000_000)  # the probe's children: never a front's seq id
 
     def _refused(self, role: str, value: Any) -> bool:
@@ -110,6 +112,8 @@ class SequenceFront:
         sid = self._sid(seq)
         can = self._m.get("can_allocate")
         if can is not None:
+            if self._amap.per_id.get("can_allocate_blocks"):  # can_allocate(num_blocks)
+                return bool(can(-(-len(seq) // self.block_size)))
             return bool(can(len(seq)))
         try:
             ok = self._admit(sid, len(seq))
@@ -168,7 +172,12 @@ class SequenceFront:
     def _probe(self, sid: int) -> None:
         """Copy-on-write, where the allocator forks (``kvspec.alloc.cow``)."""
         if self.probe is not None:
-            self.probe.run(sid, next(self.probe_ids), self.length.get(sid, 0), self.block_size)
+            child = next(self.probe_ids)
+            self.length[child] = self.length.get(sid, 0)  # the child has the parent's tokens
+            try:
+                self.probe.run(sid, child, self.length.get(sid, 0), self.block_size)
+            finally:
+                self.length.pop(child, None)
 
     def kvspec_found(self) -> list:
         """What the probes found: (invariant, message), reported by the step that ran them."""
@@ -176,9 +185,26 @@ class SequenceFront:
         return found + (self.kv.problems() if self.kv else [])
 
     def _append(self, sid: int) -> Any:
+        cow = self._m.get("copy_on_write")
+        self.last_copies = []
+        if cow is not None and self.length.get(sid, 0) % self.block_size:
+            # an explicit copy-on-write before a write into the partial last block (its
+            # engine's protocol: copy_on_write(seq_id, block_idx), then the write)
+            table = self._table(sid)
+            if table:
+                from kvspec.alloc.cow import copy_pairs
+                pairs = copy_pairs(cow(sid, len(table) - 1)) or []
+                self.last_copies = [(a, b) for a, b in pairs if a != b]  # (src, src): nothing copied
         if self._amap.per_id.get("grow_by_one"):
             return self._m["append_token"](sid, 1)
         return self._m["append_token"](sid)
+
+    def _probe_append(self, sid: int) -> Any:
+        """The probe's write: with an explicit copy-on-write, its copies are what it returns."""
+        value = self._append(sid)
+        if self._m.get("copy_on_write") is None or self._refused("append_token", value):
+            return value
+        return self.last_copies
 
     def deallocate(self, seq: Any) -> None:
         sid = getattr(seq, _SEQ_ID, None)

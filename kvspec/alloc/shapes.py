@@ -45,7 +45,7 @@ SEQUENCE_ROLES: dict[str, tuple[str, ...]] = {
     "allocate_sequence": ("allocate_sequence", "allocate_seq", "alloc_sequence", "add_sequence", "allocate_for",
                           "allocate_request", "add_request", "allocate", "alloc"),
     "append_token": ("append_token", "append_slot", "append_slots", "append", "append_tokens", "add_token", "grow",
-                     "extend"),
+                     "extend", "allocate_token", "allocate_slot", "alloc_token"),
     "free_sequence": ("free_sequence", "free_seq", "release_sequence", "remove_sequence", "free_request",
                       "release_request", "free", "release", "deallocate"),
 }
@@ -60,6 +60,9 @@ CAN_ALLOCATE = ("can_allocate", "can_alloc", "has_free", "can_allocate_blocks")
 FORK = ("fork", "fork_sequence", "fork_seq", "fork_request", "fork_req", "clone_sequence", "clone_seq",
         "copy_sequence", "share_sequence", "clone")
 CAN_APPEND = ("can_append", "can_append_token", "can_append_slot", "can_grow")
+# an explicit copy-on-write its engine calls before writing into a shared block:
+# copy_on_write(seq_id, block_idx) -> (src, dst)
+COPY_ON_WRITE = ("copy_on_write", "cow_block", "cow", "copy_block_on_write")
 FREE_COUNT = ("num_free", "get_num_free_blocks", "num_free_blocks", "free_count", "get_free_count",
               "num_free_pages", "available", "num_available", "n_free", "get_num_free", "free_blocks_count",
               "available_size", "free_blocks")
@@ -73,7 +76,8 @@ def is_object(x: Any) -> bool:
 
 FREE_FIELDS = ("free_block_ids", "free_blocks", "free_list", "free_ids", "free", "_free", "free_pages",
                "free_queue", "_free_blocks", "_free_list", "available_blocks", "pool")
-REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts")
+REF_FIELDS = ("ref_counts", "refcounts", "ref_count", "refcount", "refs", "_ref_counts", "_refcounts", "_refs",
+              "_ref_count", "_refcount", "ref", "_ref")
 NUM_BLOCKS_PARAMS = ("num_blocks", "n_blocks", "num_gpu_blocks", "total_blocks", "num_total_blocks", "capacity",
                      "num_pages", "n_pages", "size", "max_blocks", "pool_size", "blocks", "num_kv_blocks")
 # the shape of KV tensors an allocator owns: built as small as it goes (1), whatever their defaults
@@ -82,7 +86,8 @@ TENSOR_DIM_PARAMS = ("num_layers", "n_layers", "num_hidden_layers", "num_heads",
                      "d_model", "d_head", "kv_dim", "embed_dim", "dim")
 BLOCK_SIZE_PARAMS = ("block_size", "page_size", "tokens_per_block", "kv_block_size", "kvcache_block_size")
 ALL_ROLES = tuple(FREE_LIST_ROLES) + tuple(SEQUENCE_ROLES) + ("block_table", "can_allocate", "can_append", "fork",
-                                                               "num_free", "free_ids", "ref_counts", "share")
+                                                               "num_free", "free_ids", "ref_counts", "share",
+                                                               "copy_on_write")
 _SINGLE_ID = ("block_id", "block", "id", "idx", "bid", "page", "page_id", "index", "b")
 
 
@@ -137,6 +142,10 @@ class AllocMap:
         if self.shape == SEQUENCE and m.get("fork"):
             parts.append(f"fork <- {c}.{m['fork']}(parent_id, child_id) (copy-on-write: probed after each admission "
                          f"and step)")
+        if self.shape == SEQUENCE and m.get("copy_on_write"):
+            parts.append(f"before a write into a partial last block -> {c}.{m['copy_on_write']}(seq_id, block_idx)")
+        if self.per_id.get("can_allocate_blocks"):
+            parts.append("can_allocate asked in blocks")
         for role, shown in (("can_allocate", "can_allocate"), ("can_append", "can_append"), ("num_free", "free count"),
                             ("free_ids", "free list"), ("ref_counts", "ref counts")):
             if m.get(role):
@@ -257,7 +266,13 @@ def _infer_sequence(cls: type) -> Optional[AllocMap]:
                "can_allocate": _first(cls, CAN_ALLOCATE, (1,), set()),
                "can_append": _first(cls, CAN_APPEND, (1,), set()), "num_free": _counter(cls),
                "fork": None if no_append else _first(cls, FORK, (2,), {alloc, append, free})}
-    return AllocMap(SEQUENCE, methods, {"no_append": True} if no_append else {})
+    if methods["fork"]:
+        methods["copy_on_write"] = _first(cls, COPY_ON_WRITE, (2,), {alloc, append, free})
+    per = {"no_append": True} if no_append else {}
+    can = methods["can_allocate"]
+    if can and "block" in required(cls, can)[0].name.lower():  # can_allocate(num_blocks): asked in blocks
+        per["can_allocate_blocks"] = True
+    return AllocMap(SEQUENCE, methods, per)
 
 
 def _seq_id_param(p: inspect.Parameter) -> bool:

@@ -65,7 +65,9 @@ def refusal(spec: str, cls: type, why: str, source: Optional[Path]) -> TargetErr
     if lines is None and "match_prefix" in trie:
         return TargetError(f"{why}; it is a prefix cache ({', '.join(f'{n}()' for n in trie)}) without an allocator "
                            f"of its own: kvspec checks the allocator that hands out its blocks (allocate(n)/free(ids), "
-                           f"kvspec api allocator), and does not drive trie prefix caches yet")
+                           f"kvspec api allocator), and drives a tree itself only with match_prefix(key), "
+                           f"insert(key, values), evict(n) and a way to unlock a match (dec_lock_ref(node), "
+                           f"dec_ref_path(node) or release(key))")
     if lines is None:
         return TargetError(f"{why}; nor does it have an allocator API kvspec recognizes (allocate(n)/free(ids), "
                            f"or allocate_sequence(seq_id, n_tokens)/append_token(seq_id)/free_sequence(seq_id): "
@@ -113,6 +115,10 @@ def load_allocator(spec: str, cls: type, make: Optional[Callable[..., Any]], sou
     """The target for ``cls``'s own allocator API; ``why``: the other APIs' refusal line."""
     amap = amap or mapping_for(cls, source)
     if amap is None:
+        from kvspec.alloc.radix import infer_radix, load_radix
+        radix = infer_radix(cls)
+        if radix is not None:  # a trie prefix cache: kvspec supplies the allocator (kvspec.alloc.radix)
+            return load_radix(spec, cls, make, radix)
         raise refusal(spec, cls, why, source)
     from kvspec.targets.contract import check_calls
     check_calls(spec, cls, _calls(amap))  # the mapping bound to the signatures, before anything runs

@@ -271,8 +271,7 @@ def alloc_styles() -> tuple[Style, ...]:
         "for a sequence) when it is handed out and reads it back while it is held (KV_INTEGRITY); they are built "
         "small on the CPU (device='cpu', num_layers/num_heads/head_dim/... = 1)",
         "a sequence allocator without decode growth (allocate(request_id, n_tokens) and free(request_id) only) is "
-        "checked with Admit, Preempt and Finish (Step is not drawn); a prefix cache without an allocator of its own "
-        "(match_prefix/insert/evict only) is refused: kvspec does not drive trie prefix caches yet",
+        "checked with Admit, Preempt and Finish (Step is not drawn)",
     )
     free_list = Style("allocator", "free_list", "allocate(n) -> ids and free(ids): checked at the pool level "
                       "(Alloc, Free)", (
@@ -300,8 +299,36 @@ def alloc_styles() -> tuple[Style, ...]:
                          Call("fork", ("parent_id: int", "child_id: int"), "None", optional=True,
                               when=alts(sh.FORK) + "; copy-on-write: probed after each admission and step (fork, "
                               "the child's next token, free of the child): COPY_ON_WRITE"),
+                         Call("copy_on_write", ("seq_id: int", "block_idx: int"), "(src, dst)", optional=True,
+                              when=alts(sh.COPY_ON_WRITE) + "; with a fork: called before each write into a "
+                              "partial last block, as its engine does; the probe checks the copy it returns"),
                          count), common_reads, extra)
-    return (free_list, sequence)
+    from kvspec.alloc import radix as rx
+    radix = Style("allocator", "radix", "a radix / trie prefix cache (match_prefix, insert, evict, node locks), "
+                  "with no allocator of its own: kvspec supplies a free list and drives the tree at the cache level "
+                  "(Admit, Step, Preempt, Finish; caching on)", (
+                      Call("__init__", (), "the tree", when=ctor.when),
+                      Call("match_prefix", ("key: list",), "(n, values[, node]) | values | (values, node)",
+                           when=alts(rx.MATCH) + "; key items are tuples of a block's tokens, values block ids"),
+                      Call("insert", ("key: list", "values: list"), "anything", when=alts(rx.INSERT)
+                           + "; called one block longer per call, so each node holds one block"),
+                      Call("evict", ("n: int",), "the evicted values", when=alts(rx.EVICT)
+                           + "; called again while short and it frees something"),
+                      Call("inc_lock_ref", ("node",), "None", optional=True, when=alts(rx.LOCK)
+                           + "; else the match locks by itself"),
+                      Call("dec_lock_ref", ("node",), "None", when=alts(rx.UNLOCK_NODE) + "; or release(key): "
+                           + ", ".join(rx.UNLOCK_TOKENS)),
+                      Call("evictable_size", (), "int: evictable blocks", optional=True, when=alts(rx.EVICTABLE)
+                           + "; else kvspec counts the tree's blocks no request holds")),
+                  (Field("tree", "root", "a node with a children dict", "or: " + ", ".join(rx.ROOT_FIELDS[1:])),
+                   Field("node", "key / value / lock", "its key items, values, lock count",
+                         "found by name: " + "/".join(rx.KEY_FIELDS[:3]) + ", " + "/".join(rx.VALUE_FIELDS[:3])
+                         + ", " + "/".join(rx.LOCK_FIELDS[:3]))),
+                  ("invariants: a hit returns only KV inserted for exactly that prefix (HASH_CHAIN, MAX_HIT, "
+                   "KV_INTEGRITY), a held block is locked and never evicted (I1, I3), evict frees exactly what it "
+                   "returns (a returned block still in the tree is a queue problem), the evictable count is true "
+                   "(ACCOUNTING); a block the tree already holds stays the request's own (never deduplicated)",))
+    return (free_list, sequence, radix)
 
 
 def styles(api: str) -> tuple[Style, ...]:

@@ -173,12 +173,33 @@ def gate_counts_hits(cls: type, names: Optional[Names] = None) -> Optional[bool]
     return False
 
 
+_COUNT_PARAMS = ("num_tokens", "n_tokens", "num_new_tokens", "new_tokens", "count", "n", "tokens", "num")
+
+
+def optional_count(fn: Any) -> bool:
+    """Whether ``fn(seq, num_tokens=None)`` takes an optional token count second: the chunked
+    generation with a default (RichardHuang2006/Mini-vLLM's ``can_allocate(sequence,
+    num_tokens=None)``, which its scheduler asks with 1 before a decode step)."""
+    params = [p for p in (_params(fn) or []) if p.kind in _POSITIONAL]
+    return len(params) >= 2 and params[0].default is params[0].empty and params[1].default is not params[1].empty \
+        and params[1].name in _COUNT_PARAMS
+
+
+def chunked_by_default(cls: type, names: Optional[Names] = None) -> bool:
+    """can_allocate and allocate both take ``(seq, num_tokens=None)`` and there is no
+    can_append: driven as the chunked generation, decode = ``can_allocate(seq, 1)`` /
+    ``allocate(seq, 1)``, as such a manager's scheduler does."""
+    ca, al = _method(cls, names, "can_allocate"), _method(cls, names, "allocate")
+    return ca is not None and al is not None and _method(cls, names, "can_append") is None \
+        and _required(ca) == 1 and _required(al) == 1 and optional_count(ca) and optional_count(al)
+
+
 def missing_nano_methods(cls: type, names: Optional[Names] = None) -> list[str]:
     """The nano-vllm methods ``cls`` lacks (by kvspec's names, through ``names``); a chunked
     manager may do without can_append/may_append."""
     missing = [m for m in NANO_METHODS if _method(cls, names, m) is None]
     ca = _method(cls, names, "can_allocate")
-    if ca is not None and _required(ca) >= 2:
+    if ca is not None and (_required(ca) >= 2 or chunked_by_default(cls, names)):
         missing = [m for m in missing if m not in ("can_append", "may_append")]
     return missing
 
@@ -190,6 +211,8 @@ def detect_nano_api(cls: type, names: Optional[Names] = None) -> str:
         raise TargetError(f"{cls.__name__} lacks the nano-vllm BlockManager methods {', '.join(missing)}")
     ca = _method(cls, names, "can_allocate")
     nc, n = _required(ca), _required(_method(cls, names, "allocate"))
+    if chunked_by_default(cls, names):
+        return CHUNKED
     if nc == 1 and n == 1 and counts_tokens(ca):
         if _method(cls, names, "get_token_layout") is None:  # then no generation kvspec drives fits
             try:

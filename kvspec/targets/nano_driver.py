@@ -6,6 +6,8 @@ because one driver plays the scheduler of four API generations (prefill, chunks,
 decode, refusals) and reads the same manager back: both halves share its state."""
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 from collections import deque
 from enum import Enum
@@ -63,6 +65,20 @@ def missing_internals(mgr: Any, names: Optional[Names] = None, caching: bool = T
     return out
 
 
+
+def table_ids(value: Any) -> Any:
+    """A Sequence's block table as block ids: a list as is; ``None`` (not allocated yet) as
+    empty; a table object (``BlockTable`` with ``block_ids``, RichardHuang2006/Mini-vLLM-like)
+    as its ids."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        for attr in ("block_ids", "blocks", "physical_block_ids", "ids"):
+            ids = getattr(value, attr, None)
+            if ids is not None and not callable(ids):
+                return list(ids)
+    return value
+
 class NanoDriver(Driver):
     """Plays nano-vllm's scheduler on one manager (see the module doc).
 
@@ -105,6 +121,10 @@ class NanoDriver(Driver):
         self.hash_blocks_args = _positional(getattr(manager_cls, hb)) if hb else 0
         self.alloc_args = _required(getattr(manager_cls, self.meth["allocate"]))
         self.hook = callable(getattr(self.mgr, OBSERVE_HOOK, None))
+        from kvspec.targets.nano_fork import fork_method
+        # copy-on-write probed after each admission and step (kvspec.targets.nano_fork)
+        self.fork_name = fork_method(manager_cls) if self.hook and self.chunked else None
+        self.fork_found: list = []
         free_attr = self.names.resolve(self.mgr, "free_block_ids") if not self.hook else None
         self.tiers = free_tiers(manager_cls, free_attr) if free_attr else ()  # freed cached blocks kept apart
         self.seqs: dict[str, Any] = {}
@@ -140,7 +160,10 @@ class NanoDriver(Driver):
             getattr(self.mgr, m)(seq)
 
     def _seq_get(self, seq: Any, name: str) -> Any:
-        return self.names.get(seq, name)
+        value = self.names.get(seq, name)
+        if name == "block_table":
+            return table_ids(value)
+        return value
 
     def _seq_set(self, seq: Any, name: str, value: Any) -> None:
         self.names.set(seq, name, value)
@@ -296,6 +319,9 @@ class NanoDriver(Driver):
                 hit = self._seq_get(seq, "num_cached_tokens")
                 self._hook("after_prefill_chunk", seq)
             self.running.add(op.req)
+            if self.fork_name:
+                from kvspec.targets.nano_fork import probe_fork
+                probe_fork(self, seq)
             return self.scale.to_run(hit)
         if isinstance(op, Step):
             if op.req not in self.running:
@@ -315,6 +341,9 @@ class NanoDriver(Driver):
                             raise AssertionError(f"{type(self.mgr).__name__} refused a decode token inside a block")
                         return False
                 pend.pop(0)
+            if self.fork_name:
+                from kvspec.targets.nano_fork import probe_fork
+                probe_fork(self, seq)
             return True
         if isinstance(op, (Preempt, Finish)):
             # The scheduler's preempt and finish are both deallocate. A waiting request
@@ -325,6 +354,13 @@ class NanoDriver(Driver):
             self._hook("before_deallocate", target)
             self.call("deallocate", target)
             self.running.discard(op.req)
+            if isinstance(op, Preempt) and seq is not None:
+                # where the Sequence has a reset for recompute, the package's scheduler (not the
+                # manager) drops the computed count on preemption (Mini-vLLM's
+                # reset_for_recompute: num_computed_tokens = 0; its status change is the
+                # scheduler's bookkeeping, not kvspec's)
+                if any(callable(getattr(seq, n, None)) for n in ("reset_for_recompute", "reset_state_for_recompute")):
+                    self._seq_set(seq, "num_cached_tokens", 0)
             if seq is not None:
                 for t in self.pending.pop(op.req, []):  # a preempted request waits with every token it has
                     for c in self.scale.expand([t], self.scale.to_run(len(seq))):
@@ -353,14 +389,20 @@ class NanoDriver(Driver):
                 return False
             self.call("may_append", seq)
         else:  # chunked without can_append/may_append: a one-token chunk
-            answer = self.call("can_allocate", seq, 1)
-            if self._refused(answer):
+            if not self._decode_alloc(seq):
                 self.pop_token(seq)
                 return False
-            self._chunk_alloc(seq, answer, 1)
         if self.counted or self.chunked:
             self._computed(seq, 1)
         self._hook("after_append", seq)
+        return True
+
+    def _decode_alloc(self, seq: Any) -> bool:
+        """A chunked manager's decode without can_append/may_append: a one-token chunk."""
+        answer = self.call("can_allocate", seq, 1)
+        if self._refused(answer):
+            return False
+        self._chunk_alloc(seq, answer, 1)
         return True
 
     # -- observation -------------------------------------------------------------------------
@@ -383,7 +425,8 @@ class NanoDriver(Driver):
 
     def observe(self) -> Observation:
         try:
-            return self._observe_hook() if self.hook else self._observe()
+            obs = self._observe_hook() if self.hook else self._observe()
+            return dataclasses.replace(obs, found=tuple(self.fork_found)) if self.fork_found else obs
         except (AttributeError, TypeError, KeyError) as e:  # kvspec cannot read the state
             raise TargetError(f"kvspec could not read {type(self.mgr).__name__}'s state: {e}") from None
 

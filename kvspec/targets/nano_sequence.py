@@ -131,6 +131,41 @@ def _light_class(path: Any, name: str) -> Any:
     return getattr(mod, name, None)
 
 
+def split_sequence(seq_cls: type) -> Any:
+    """A subclass giving kvspec's Sequence surface to a Sequence that keeps its prompt and
+    its output apart (``prompt_token_ids`` + ``output_token_ids``, ``token_ids`` a derived
+    property, ``num_computed_tokens``, no ``append_token``: RichardHuang2006/Mini-vLLM's), or
+    None for any other class. The engine appends a sampled token to ``output_token_ids`` and
+    its scheduler advances ``num_computed_tokens``; the subclass adds what it lacks of
+    ``append_token`` / ``pop_token`` / ``num_cached_tokens`` / ``num_blocks``."""
+    fields = set(getattr(seq_cls, "__dataclass_fields__", {}))
+    if not {"prompt_token_ids", "output_token_ids", "num_computed_tokens"} <= fields:
+        return None
+
+    def append_token(self: Any, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+
+    def pop_token(self: Any) -> int:
+        return self.output_token_ids.pop() if self.output_token_ids else self.prompt_token_ids.pop()
+
+    def _get(self: Any) -> int:
+        return self.num_computed_tokens
+
+    def _set(self: Any, v: int) -> None:
+        self.num_computed_tokens = v
+
+    ns: dict = {"__module__": seq_cls.__module__, "__doc__": seq_cls.__doc__}
+    for name, value in (("append_token", append_token), ("pop_token", pop_token),
+                        ("num_cached_tokens", property(_get, _set))):
+        if not hasattr(seq_cls, name) and name not in fields:  # only what it lacks
+            ns[name] = value
+    if len(ns) == 2 and hasattr(seq_cls, "num_blocks"):
+        return None
+    if not hasattr(seq_cls, "num_blocks"):
+        ns["num_blocks"] = property(lambda self: -(-len(self) // getattr(self, "block_size", 16)))
+    return type(seq_cls.__name__, (seq_cls,), ns)
+
+
 def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
     """``make(tokens, block_size, n)`` building ``seq_cls`` by its constructor's signature:
     tokens, block size and a sequence id (``n``, as a str where the parameter is annotated
@@ -138,6 +173,7 @@ def sequence_factory(seq_cls: type) -> Callable[[list, int, int], Any]:
     package's default ``SamplingParams()`` (``default_sampling_params``); any other
     parameter must have a default. Raises
     TargetError naming a parameter kvspec cannot fill."""
+    seq_cls = split_sequence(seq_cls) or seq_cls
     try:
         params = list(inspect.signature(seq_cls).parameters.values())
     except (TypeError, ValueError):

@@ -230,6 +230,14 @@ class NanoTarget(Target):
             raise TargetError(f"cannot build {self.manager_cls.__name__}(num_blocks, block_size): "
                               f"{type(e).__name__}: {e or '(no message)'}") from None
         missing = missing_internals(d.mgr, self.names, caching)
+        if missing and not getattr(self.manager_cls, "kvspec_pool_field", None):
+            from kvspec.targets.nano_pool_observe import observe_through_pool
+            sub = observe_through_pool(self.manager_cls, d.mgr)
+            if sub is not None:  # its state lives in a free-list pool it owns: read there
+                self.manager_cls = sub
+                self.caching_support = "off"
+                self.traits = dataclasses.replace(self.traits, prefix_caching="off")
+                return self.check_internals()
         if missing:
             raise TargetError(f"{self.manager_cls.__name__} has the nano-vllm BlockManager methods but not the "
                               f"internals kvspec observes: {', '.join(missing)} (declare other names in "

@@ -488,6 +488,10 @@ def load_user_target(spec: str, api: Optional[str] = None, patch_text: Optional[
             check_nano(name, NanoTarget(pcls, _sequence_class(pmodule, pcls), name, make=pmake, source=source))
         try:
             base.check_internals()
+            if getattr(base.manager_cls, "kvspec_pool_field", None):  # observed through its pool (nano_pool_observe)
+                pcls = base.manager_cls if pcls is cls else type(pcls.__name__, (pcls,), {
+                    "kvspec_observe": base.manager_cls.kvspec_observe, "__module__": pcls.__module__,
+                    "kvspec_pool_field": base.manager_cls.kvspec_pool_field})
             # Declared policies (the patched class's kvspec_traits, [tool.kvspec], kvspec's
             # table of released derivatives), else vLLM's with a note; never probed.
             traits = declared_nano_traits(pcls, seq_cls, base.api, spec, source=source, make=make)
