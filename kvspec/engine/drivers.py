@@ -60,10 +60,21 @@ def supports_spec_decode(target: Any) -> bool:
 def draws_deployment_inputs(target: Any) -> bool:
     """Whether the engine level draws the deployment inputs (reset, lookahead, priority, a
     connector) for ``target``: every vLLM release whose engine the groups driver builds,
-    the legacy engine's (0.9.x to 0.30.x) included. Each input is drawn only where the
-    release has it (``kvspec.vllm.inputs.features``, by feature)."""
+    the legacy engine's (0.9.x to 0.30.x) included, and the releases before the groups
+    driver whose scheduler the legacy engine drives (0.8.x). Each input is drawn only where
+    the release has it (``kvspec.vllm.inputs.features``, by feature)."""
     from kvspec.vllm.target import VllmTarget
-    return isinstance(target, VllmTarget) and bool(getattr(target, "groups", False))
+    return isinstance(target, VllmTarget) and (bool(getattr(target, "groups", False)) or legacy_engine_drives(target))
+
+
+def preallocating_manager(target: Any) -> bool:
+    """Whether ``target``'s KV manager preallocates blocks past a request's tokens (vLLM
+    0.8.4 and before, ``kvspec.vllm.engine_compat.preallocates``, found by feature)."""
+    from kvspec.vllm.target import VllmTarget
+    if not isinstance(target, VllmTarget):
+        return False
+    from kvspec.vllm.engine_compat import preallocates
+    return preallocates(target.up.manager.KVCacheManager)
 
 
 def legacy_engine_drives(target: Any) -> bool:
