@@ -35,6 +35,16 @@ from kvspec.targets.v1_driver import observe_pool
 from kvspec.vllm.groups import build_kv_cache_config, parse_extra
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+OLD_SCHEDULER_MODULE = "vllm.v1.core.scheduler"   # where 0.8.1 and before keep it
+
+
+def scheduler_module() -> str:
+    """The installed vLLM's Scheduler module (found by its package, without importing it)."""
+    import importlib.util
+    try:
+        return SCHEDULER_MODULE if importlib.util.find_spec("vllm.v1.core.sched") is not None else OLD_SCHEDULER_MODULE
+    except ImportError:   # no vllm.v1.core at all: the import that follows says so
+        return SCHEDULER_MODULE
 VOCAB = 1000  # token ids drawn stay below it
 
 
@@ -162,7 +172,7 @@ class VllmEngine:
         self.shape = shape
         self.block_size = shape.block_size
         self.num_blocks = shape.num_blocks
-        sched_mod = mods[SCHEDULER_MODULE]
+        sched_mod = mods.get(SCHEDULER_MODULE) or mods[OLD_SCHEDULER_MODULE]
         self.request_mod = mods["vllm.v1.request"]
         self.status = self.request_mod.RequestStatus
         self.SamplingParams = mods["vllm.sampling_params"].SamplingParams
