@@ -94,6 +94,7 @@ def vllm_config(shape: EngineShape) -> Any:
 
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its notes on a tiny budget are not findings
     compat.cpu_platform()
+    compat.require_spec_by_method()   # every shape: the machine draws speculative decoding
     model = model_config(shape.max_model_len)
     sched = SchedulerConfig(**compat.accepted(SchedulerConfig, dict(
         max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
@@ -186,9 +187,12 @@ class VllmEngine:
             raise TargetError(f"target vllm: the engine level cannot build this vLLM release's configuration on "
                               f"the CPU ({type(e).__name__}: {e}); the pool and cache levels still run") from None
         iface = mods["vllm.v1.kv_cache_interface"]
-        kv = (compat.legacy_kv_cache_config(iface, shape.kv_groups, shape.num_blocks, shape.block_size)
-              if compat.is_legacy(self.request_mod) else
-              build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface))
+        if not compat.takes_kv_cache_config(sched_mod.Scheduler):   # 0.8.2 and before: the pool from CacheConfig
+            kv = compat.one_full_group(shape.kv_groups)
+        elif compat.is_legacy(self.request_mod):
+            kv = compat.legacy_kv_cache_config(iface, shape.kv_groups, shape.num_blocks, shape.block_size)
+        else:
+            kv = build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface)
         logging.getLogger("vllm").setLevel(logging.ERROR)
         som = compat.structured_output_manager(StructuredOutputManager, cfg, compat.is_legacy(self.request_mod))
         self.sched = sched_mod.Scheduler(**compat.scheduler_args(sched_mod.Scheduler, cfg, kv, som, shape.block_size))

@@ -134,6 +134,16 @@ def construct(cls: Any, kw: dict[str, Any], model_dir: str) -> Any:
     return cls(**kw, **{n: neutral[n] for n in form(cls).required if n not in kw and n in neutral})
 
 
+def require_spec_by_method() -> None:
+    """The engine machine draws speculative decoding by drafter (``SpeculativeConfig(method=...)``);
+    0.8.1 and before still have V0's ``SpeculativeConfig`` (a draft model config, positionally):
+    a TypeError the engine turns into its one-line refusal."""
+    from vllm.config import SpeculativeConfig
+    if "method" not in inspect.signature(SpeculativeConfig).parameters:
+        raise TypeError("this release's SpeculativeConfig takes no drafter method (V0's form), which the "
+                        "engine level's speculative decoding needs")
+
+
 def scheduler_sees_eagle(spec: Any) -> bool:
     """Whether the release's Scheduler reserves lookahead slots for this speculative config:
     its ``use_eagle()`` where it has one (0.8.5 on), else (0.8.4) ``method == "eagle"``, the
@@ -167,14 +177,26 @@ def cpu_platform() -> None:
             "check_and_update_config": classmethod(lambda cls, vllm_config: None)})
 
 
+def takes_kv_cache_config(sched_cls: Any) -> bool:
+    """Whether the Scheduler is given a ``KVCacheConfig`` (0.8.3 on); before, its manager
+    sizes one full-attention pool from the cache config's ``num_gpu_blocks``."""
+    return "kv_cache_config" in inspect.signature(sched_cls.__init__).parameters
+
+
+def one_full_group(spec: str) -> None:
+    """Refuses (one line) any ``--kv-groups`` but one full-attention group; None: no KVCacheConfig."""
+    from kvspec.errors import TargetError
+    if (spec or "full") != "full":
+        raise TargetError(f"vllm engine: --kv-groups {spec}: this release's KV manager runs one group (full) here")
+    return None
+
+
 def legacy_kv_cache_config(iface: Any, spec: str, num_blocks: int, block_size: int) -> Any:
     """0.9.x's ``KVCacheConfig`` (``tensors``; specs need ``use_mla``): one full-attention
     group, the only kind its single-type manager takes here; other ``--kv-groups`` are refused."""
     import torch
 
-    from kvspec.errors import TargetError
-    if (spec or "full") != "full":
-        raise TargetError(f"vllm engine: --kv-groups {spec}: this release's KV manager runs one group (full) here")
+    one_full_group(spec)
     group = iface.KVCacheGroupSpec(["model.layers.0.attn"], iface.FullAttentionSpec(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False))
     return iface.KVCacheConfig(num_blocks=num_blocks, tensors={}, kv_cache_groups=[group])
