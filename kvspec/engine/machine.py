@@ -27,6 +27,11 @@ the old draws (spec decoding in one example of four, no runs) did not find #1945
 3,000 examples at seeds 0-2; these find it at 14, 181 and 309 examples (seeds 0, 1, 2; the
 last in the batch that crossed 300).
 Engines without speculative decoding (nano-vllm) keep ``EngineMachine``'s draws as they were.
+Where the KV manager preallocates blocks past a request's tokens (vLLM 0.8.4 and before, found
+by feature), pools are drawn from 3 to 9 blocks, and from 3 to 5 with a lookahead drafter
+(``PREALLOC_POOL``): there every admission takes the whole of a larger pool, so a scarce pool
+is one the request's own tokens fill (how vLLM 0.8.4's H8, #16612, shows: at example 53 of
+seed 0); no other release draws differently.
 
 On the current manager API (vLLM >= 0.26) the machine also draws what a release can take
 beyond salts: LoRA adapters (``extra_kinds``; two adapters over the same prompts, so blocks
