@@ -12,6 +12,15 @@ coordinator (0.9.x) differs in five places the engine touches, and nowhere else:
 - the manager holds one ``single_type_manager`` instead of a coordinator's list;
 - ``Upstream``'s per-request block hasher does not exist.
 
+0.8.x differs further, each read off a signature or the code: ``ModelConfig``/``CacheConfig``
+require arguments positionally (``construct``); the Scheduler takes the config's parts, and
+before 0.8.3 no ``KVCacheConfig`` (``scheduler_args``, ``takes_kv_cache_config``); the manager
+holds its one group's tables itself (``single_type_managers``); before 0.8.3 the output update,
+not ``schedule()``, advances computed tokens (``advances_in_update``); 0.8.4's scheduler tells
+EAGLE by ``method == "eagle"`` (``scheduler_sees_eagle``); the manager preallocates
+(``preallocates``: the engine machine draws scarce pools there). 0.8.0/0.8.1's V0
+``SpeculativeConfig`` is refused in one line (``require_spec_by_method``).
+
 Each helper answers for either API, so the 0.33.0 path is unchanged.
 """
 from __future__ import annotations
