@@ -12,7 +12,8 @@ finds on 0.8.4 (``--max-examples 60 --seed 0``, its time's policy). With the n-g
 passes the lookahead) EAGLE passes.
 
 Each release runs in its own subprocess (the release's tree first on PYTHONPATH), both at
-once: about 22 s of CPU each (importing the release's scheduler stack is nearly all of it). Without a release tree (``tools/vllm_releases.py`` fetches it into
+once: about 22 s of CPU each, nearly all of it importing the release's scheduler stack.
+Without a release tree (``tools/vllm_releases.py`` fetches it into
 ~/.cache/kvspec/vllm-releases) the test skips and says so.
 """
 from __future__ import annotations
