@@ -158,8 +158,9 @@ def test_older_manager_api_keeps_its_machine():
 
 
 def test_a_release_whose_config_the_engine_cannot_build_is_one_line(monkeypatch, capsys):
-    """0.8.x's ModelConfig takes positional arguments the engine driver does not pass: the
-    engine level refuses that release in one line (exit 2), never an internal error."""
+    """A release whose configuration the engine driver cannot build (as 0.8.x's ModelConfig,
+    with its positional arguments, was before ``engine_compat.construct``): the engine level
+    refuses that release in one line (exit 2), never an internal error."""
     from kvspec.cli import main
     from kvspec.vllm import engine
 

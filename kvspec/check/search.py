@@ -188,7 +188,8 @@ def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -
     elif not getattr(target.traits, "cache_features", False):
         groups_why = "the target drives one KV-cache group"
     if groups_why:
-        for inv in ("HIT_AGREEMENT", "WINDOW", "SLOTS"):
+        # the engine level's own SLOTS check (kvspec.engine.checks) runs on any target it drives
+        for inv in ("HIT_AGREEMENT", "WINDOW") + (() if "engine" in levels else ("SLOTS",)):
             out[inv] = groups_why
     elif kv_groups is not None or levels == ["engine"]:  # pinned by --kv-groups (the engine level: full unless
         kv_groups = kv_groups or "full"                  # given); None: drawn per example, several among them

@@ -60,10 +60,21 @@ def supports_spec_decode(target: Any) -> bool:
 def draws_deployment_inputs(target: Any) -> bool:
     """Whether the engine level draws the deployment inputs (reset, lookahead, priority, a
     connector) for ``target``: every vLLM release whose engine the groups driver builds,
-    the legacy engine's (0.9.x to 0.30.x) included. Each input is drawn only where the
-    release has it (``kvspec.vllm.inputs.features``, by feature)."""
+    the legacy engine's (0.9.x to 0.30.x) included, and the releases before the groups
+    driver whose scheduler the legacy engine drives (0.8.x). Each input is drawn only where
+    the release has it (``kvspec.vllm.inputs.features``, by feature)."""
     from kvspec.vllm.target import VllmTarget
-    return isinstance(target, VllmTarget) and bool(getattr(target, "groups", False))
+    return isinstance(target, VllmTarget) and (bool(getattr(target, "groups", False)) or legacy_engine_drives(target))
+
+
+def preallocating_manager(target: Any) -> bool:
+    """Whether ``target``'s KV manager preallocates blocks past a request's tokens (vLLM
+    0.8.4 and before, ``kvspec.vllm.engine_compat.preallocates``, found by feature)."""
+    from kvspec.vllm.target import VllmTarget
+    if not isinstance(target, VllmTarget):
+        return False
+    from kvspec.vllm.engine_compat import preallocates
+    return preallocates(target.up.manager.KVCacheManager)
 
 
 def legacy_engine_drives(target: Any) -> bool:
@@ -73,10 +84,11 @@ def legacy_engine_drives(target: Any) -> bool:
     if not isinstance(target, VllmTarget):
         return False
     from kvspec.vllm.engine_compat import drivable_legacy
-    from kvspec.vllm.engine import SCHEDULER_MODULE
+    from kvspec.vllm.engine import scheduler_module
     from kvspec.vllm.patch import import_vllm
-    mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
-    return drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE])
+    name = scheduler_module()
+    mods = import_vllm(getattr(target, "patch_text", None), (name,))
+    return drivable_legacy(mods["vllm.v1.request"], mods[name])
 
 
 def supports_engine(target: Any) -> bool:
@@ -99,11 +111,12 @@ def engine_driver(target: Any, config: Config) -> EngineDriver:
         return engine_driver_for(target, config)
     from kvspec.vllm.target import VllmTarget
     if isinstance(target, VllmTarget):
-        from kvspec.vllm.engine import SCHEDULER_MODULE, VllmEngine
+        from kvspec.vllm.engine import VllmEngine, scheduler_module
         from kvspec.vllm.patch import import_vllm
-        mods = import_vllm(getattr(target, "patch_text", None), (SCHEDULER_MODULE,))
+        name = scheduler_module()
+        mods = import_vllm(getattr(target, "patch_text", None), (name,))
         from kvspec.vllm.engine_compat import drivable_legacy, legacy_engine   # HOOK: 0.9.x
-        if drivable_legacy(mods["vllm.v1.request"], mods[SCHEDULER_MODULE]):
+        if drivable_legacy(mods["vllm.v1.request"], mods[name]):
             return legacy_engine(VllmEngine)(mods, engine_shape(config))
         if not getattr(target, "groups", False):
             raise TargetError("vllm: the engine level needs a KVCacheManager built from a KVCacheConfig that takes "

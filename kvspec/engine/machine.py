@@ -27,6 +27,11 @@ the old draws (spec decoding in one example of four, no runs) did not find #1945
 3,000 examples at seeds 0-2; these find it at 14, 181 and 309 examples (seeds 0, 1, 2; the
 last in the batch that crossed 300).
 Engines without speculative decoding (nano-vllm) keep ``EngineMachine``'s draws as they were.
+Where the KV manager preallocates blocks past a request's tokens (vLLM 0.8.4 and before, found
+by feature), pools are drawn from 3 to 9 blocks, and from 3 to 5 with a lookahead drafter
+(``PREALLOC_POOL``): there every admission takes the whole of a larger pool, so a scarce pool
+is one the request's own tokens fill (how vLLM 0.8.4's H8, #16612, shows: at example 53 of
+seed 0); no other release draws differently.
 
 On the current manager API (vLLM >= 0.26) the machine also draws what a release can take
 beyond salts: LoRA adapters (``extra_kinds``; two adapters over the same prompts, so blocks
@@ -138,6 +143,14 @@ class EngineMachine(KVMachine):
 # -- engines with speculative decoding (vLLM): see the module doc -----------------------
 SPEC_TOKENS = (0, 2, 2, 3)          # draft tokens per step in an example (n-gram drafter); 0: off
 SPEC_POOL = st.one_of(st.integers(6, 9), st.integers(6, 16))   # small pools half the time: preemption
+# A manager that preallocates (vLLM 0.8.4 and before: up to 16 blocks past a request's tokens)
+# hands every admitted request the whole of a 6-16 block pool, so there an admission meets a
+# scarce pool (what a nearly full pool is in a deployment) only where the request's own tokens
+# fill it: its pools are drawn from 3 blocks up, where a prompt of the drawn lengths does; with
+# a drafter that reserves lookahead slots, from 3 to 5 blocks (in a larger pool the preallocated
+# blocks always cover the slots, and whether the scheduler reserves them is never seen)
+PREALLOC_POOL = st.integers(3, 9)
+PREALLOC_LOOKAHEAD_POOL = st.integers(3, 5)
 SPEC_MAX_TOKENS = st.integers(1, 16)
 RUN_LENGTH = st.integers(2, 4)      # drafted steps in a row (decode_run)
 
@@ -157,11 +170,19 @@ class SpecEngineMachine(EngineMachine):
 
     @initialize(data=st.data())
     def setup(self, data):
-        n = data.draw(SPEC_POOL, label="num_blocks")
+        from kvspec.engine.drivers import preallocating_manager
+        prealloc = preallocating_manager(self.target)   # its pool is drawn after the drafter (see PREALLOC_POOL)
+        n = 0 if prealloc else data.draw(SPEC_POOL, label="num_blocks")
         modes = getattr(self.target.traits, "caching_modes", (True, False))
         caching = modes[0] if len(modes) == 1 else data.draw(st.sampled_from((True, True, True, False)),
                                                               label="caching")
         self.spec = data.draw(st.sampled_from(SPEC_TOKENS), label="spec_tokens")
+        inputs = None
+        if prealloc:
+            inputs = self._inputs(data)
+            from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS
+            n = data.draw(PREALLOC_LOOKAHEAD_POOL if inputs.get("spec_method") in LOOKAHEAD_DRAFTERS
+                          else PREALLOC_POOL, label="num_blocks")
         self.arrived = []
         self.usable = (n - 1) * BLOCK_SIZE
         # a max_model_len that binds, in a quarter of the examples, where the manager takes one
@@ -171,7 +192,8 @@ class SpecEngineMachine(EngineMachine):
                                                                label="capped"):
             cap = data.draw(st.integers(2 * BLOCK_SIZE, min(6 * BLOCK_SIZE, self.usable)), label="max_model_len")
         self.longest = (cap or self.usable) - 1
-        inputs = self._inputs(data)
+        if inputs is None:
+            inputs = self._inputs(data)
         self.start(Config(level="engine", num_blocks=n, block_size=BLOCK_SIZE, caching=caching,
                           kv_groups=self.kv_groups or "full", spec_tokens=self.spec, max_model_len=cap, **inputs))
 

@@ -35,6 +35,16 @@ from kvspec.targets.v1_driver import observe_pool
 from kvspec.vllm.groups import build_kv_cache_config, parse_extra
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+OLD_SCHEDULER_MODULE = "vllm.v1.core.scheduler"   # where 0.8.1 and before keep it
+
+
+def scheduler_module() -> str:
+    """The installed vLLM's Scheduler module (found by its package, without importing it)."""
+    import importlib.util
+    try:
+        return SCHEDULER_MODULE if importlib.util.find_spec("vllm.v1.core.sched") is not None else OLD_SCHEDULER_MODULE
+    except ImportError:   # no vllm.v1.core at all: the import that follows says so
+        return SCHEDULER_MODULE
 VOCAB = 1000  # token ids drawn stay below it
 
 
@@ -55,11 +65,12 @@ class EngineShape:
     connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (kvspec.vllm.connector)
 
 
-@functools.lru_cache(maxsize=1)
-def tiny_model_dir() -> str:
+@functools.lru_cache(maxsize=2)
+def tiny_model_dir(name: str = "llama") -> str:
     """A folder holding only the config.json of a two-layer Llama with a tiny vocabulary:
-    enough for vLLM's ``ModelConfig``; no weights, no tokenizer."""
-    d = tempfile.mkdtemp(prefix="kvspec-tiny-llama-")
+    enough for vLLM's ``ModelConfig``; no weights, no tokenizer. ``name`` goes into the
+    folder's name (an EAGLE head's folder says "eagle-": 0.8.x tells the drafter by it)."""
+    d = tempfile.mkdtemp(prefix=f"kvspec-tiny-{name}-")
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
            "vocab_size": VOCAB, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
@@ -69,15 +80,22 @@ def tiny_model_dir() -> str:
     return d
 
 
+def model_config(max_model_len: int) -> Any:
+    """The tiny model's ``ModelConfig`` (arguments an older release requires: ``engine_compat.construct``)."""
+    from vllm.config import ModelConfig
+    return compat.construct(ModelConfig, dict(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32",
+                                              max_model_len=max_model_len), tiny_model_dir())
+
+
 @functools.lru_cache(maxsize=16)
 def vllm_config(shape: EngineShape) -> Any:
     """The ``VllmConfig`` of a CPU engine of this shape (built once per shape: it is slow)."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, DeviceConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its notes on a tiny budget are not findings
     compat.cpu_platform()
-    model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32",
-                        max_model_len=shape.max_model_len)
+    compat.require_spec_by_method()   # every shape: the machine draws speculative decoding
+    model = model_config(shape.max_model_len)
     sched = SchedulerConfig(**compat.accepted(SchedulerConfig, dict(
         max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
         max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
@@ -85,7 +103,8 @@ def vllm_config(shape: EngineShape) -> Any:
         # a consumer connector with overlapped steps defers block frees (not modelled): the
         # connector runs with async scheduling off, as a deployment sets --no-async-scheduling
         **({"async_scheduling": False} if shape.connector is not None else {}))))
-    cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
+    cache = compat.construct(CacheConfig, dict(block_size=shape.block_size, enable_prefix_caching=shape.caching),
+                             tiny_model_dir())
     cache.num_gpu_blocks = shape.num_blocks
     parallel = ParallelConfig()
     spec = None
@@ -154,7 +173,7 @@ class VllmEngine:
         self.shape = shape
         self.block_size = shape.block_size
         self.num_blocks = shape.num_blocks
-        sched_mod = mods[SCHEDULER_MODULE]
+        sched_mod = mods.get(SCHEDULER_MODULE) or mods[OLD_SCHEDULER_MODULE]
         self.request_mod = mods["vllm.v1.request"]
         self.status = self.request_mod.RequestStatus
         self.SamplingParams = mods["vllm.sampling_params"].SamplingParams
@@ -168,18 +187,20 @@ class VllmEngine:
             raise TargetError(f"target vllm: the engine level cannot build this vLLM release's configuration on "
                               f"the CPU ({type(e).__name__}: {e}); the pool and cache levels still run") from None
         iface = mods["vllm.v1.kv_cache_interface"]
-        kv = (compat.legacy_kv_cache_config(iface, shape.kv_groups, shape.num_blocks, shape.block_size)
-              if compat.is_legacy(self.request_mod) else
-              build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface))
+        if not compat.takes_kv_cache_config(sched_mod.Scheduler):   # 0.8.2 and before: the pool from CacheConfig
+            kv = compat.one_full_group(shape.kv_groups)
+        elif compat.is_legacy(self.request_mod):
+            kv = compat.legacy_kv_cache_config(iface, shape.kv_groups, shape.num_blocks, shape.block_size)
+        else:
+            kv = build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface)
         logging.getLogger("vllm").setLevel(logging.ERROR)
-        self.sched = sched_mod.Scheduler(vllm_config=cfg, kv_cache_config=kv,
-                                         structured_output_manager=compat.structured_output_manager(
-                                             StructuredOutputManager, cfg, compat.is_legacy(self.request_mod)),
-                                         **compat.scheduler_kwargs(sched_mod.Scheduler, shape.block_size))
+        som = compat.structured_output_manager(StructuredOutputManager, cfg, compat.is_legacy(self.request_mod))
+        self.sched = sched_mod.Scheduler(**compat.scheduler_args(sched_mod.Scheduler, cfg, kv, som, shape.block_size))
         if getattr(self.sched, "defer_block_free", False):
             raise TargetError("vllm engine: this configuration defers block frees, which the engine level does not model")
         self.mgr = self.sched.kv_cache_manager
         self.sched.kv_cache_manager = _Recorder(self.mgr, self)
+        self._late_advance = compat.advances_in_update(sched_mod)
         self.hasher = compat.block_hasher(mods, shape.block_size)   # vLLM's sha256 block hashing, as the engine
         # slots past the scheduled tokens: the scheduler's own count (before 0.28 it sets it
         # itself, from use_eagle(); VllmConfig counts them from 0.28 on)
@@ -201,9 +222,10 @@ class VllmEngine:
 
     def on_allocate(self, request: Any, status: Any, before: int, args: dict, ok: bool, drafts: tuple = ()) -> None:
         rid = request.request_id
-        new = args.get("num_new_tokens", 0)
+        new = args.get("num_new_tokens", args.get("num_tokens", 0))   # 0.8.x: num_tokens
         admit = status != self.status.RUNNING
-        hit = args.get("num_new_computed_tokens", 0) or 0
+        hit = (args["num_new_computed_tokens"] or 0) if "num_new_computed_tokens" in args else \
+            len(args.get("new_computed_blocks") or ()) * self.block_size   # 0.8.x: the hit blocks only
         ext = args.get("num_external_computed_tokens", 0) or 0
         if ok:
             self._computed[rid] = (hit + ext if admit else before) + new
@@ -276,12 +298,14 @@ class VllmEngine:
         start, slots, sampled, covered, tables = {}, {}, [], {}, {}
         for rid, n in scheduled.items():
             req = s.requests[rid]
-            start[rid] = req.num_computed_tokens - n   # schedule() already advanced it
+            # schedule() already advanced it (0.8.3 on; before, update_from_output does)
+            done = req.num_computed_tokens + (n if self._late_advance else 0)
+            start[rid] = done - n
             table = tables[rid] = self._table(rid, 0)
             slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
                                if p // bs < len(table))
             covered[rid] = len(table) * bs   # positions the table has room for, lookahead included
-            at_end = req.num_computed_tokens >= req.num_tokens
+            at_end = done >= req.num_tokens
             spec = list(out.scheduled_spec_decode_tokens.get(rid, ()))
             if at_end and spec:
                 real = next((i for i, t in enumerate(spec) if t < 0), len(spec))   # -1: a placeholder draft,

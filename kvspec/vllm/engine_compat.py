@@ -12,6 +12,15 @@ coordinator (0.9.x) differs in five places the engine touches, and nowhere else:
 - the manager holds one ``single_type_manager`` instead of a coordinator's list;
 - ``Upstream``'s per-request block hasher does not exist.
 
+0.8.x differs further, each read off a signature or the code: ``ModelConfig``/``CacheConfig``
+require arguments positionally (``construct``); the Scheduler takes the config's parts, and
+before 0.8.3 no ``KVCacheConfig`` (``scheduler_args``, ``takes_kv_cache_config``); the manager
+holds its one group's tables itself (``single_type_managers``); before 0.8.3 the output update,
+not ``schedule()``, advances computed tokens (``advances_in_update``); 0.8.4's scheduler tells
+EAGLE by ``method == "eagle"`` (``scheduler_sees_eagle``); the manager preallocates
+(``preallocates``: the engine machine draws scarce pools there). 0.8.0/0.8.1's V0
+``SpeculativeConfig`` is refused in one line (``require_spec_by_method``).
+
 Each helper answers for either API, so the 0.33.0 path is unchanged.
 """
 from __future__ import annotations
@@ -51,15 +60,37 @@ def new_request(request_mod: Any, rid: str, prompt: list[int], params: Any, hash
     return request_mod.Request(**{n: v for n, v in args.items() if n in f.takes})
 
 
-def scheduler_kwargs(sched_cls: Any, block_size: int) -> dict[str, Any]:
-    """``block_size`` only where the Scheduler takes it."""
-    return {"block_size": block_size} if "block_size" in inspect.signature(sched_cls.__init__).parameters else {}
+# the parts of a ``VllmConfig`` a Scheduler that takes no ``vllm_config`` (0.8.4 and before) takes one by one
+CONFIG_PARTS = ("scheduler_config", "model_config", "cache_config", "lora_config", "speculative_config")
+
+
+def scheduler_args(sched_cls: Any, cfg: Any, kv: Any, som: Any, block_size: int) -> dict[str, Any]:
+    """The Scheduler's keyword arguments, in the form its constructor takes (read off its
+    signature): the ``VllmConfig`` whole, or its parts (0.8.4 and before); the
+    ``KVCacheConfig`` where it takes one (0.8.2 and before size the pool from the cache
+    config's ``num_gpu_blocks``); ``block_size`` and ``log_stats`` only where taken."""
+    takes = inspect.signature(sched_cls.__init__).parameters
+    out: dict[str, Any] = {"structured_output_manager": som}
+    if "vllm_config" in takes:
+        out["vllm_config"] = cfg
+    else:
+        out.update({n: getattr(cfg, n, None) for n in CONFIG_PARTS if n in takes})
+    if "kv_cache_config" in takes:
+        out["kv_cache_config"] = kv
+    if "log_stats" in takes:
+        out["log_stats"] = False
+    if "block_size" in takes:
+        out["block_size"] = block_size
+    return out
 
 
 def single_type_managers(mgr: Any) -> list[Any]:
-    """The manager's per-group managers (0.9.x has exactly one)."""
+    """The manager's per-group managers (0.9.x has exactly one; 0.8.x's manager holds its
+    one group's tables itself, ``req_to_blocks``, so it stands for its group)."""
     coord = getattr(mgr, "coordinator", None)
-    return list(coord.single_type_managers) if coord is not None else [mgr.single_type_manager]
+    if coord is not None:
+        return list(coord.single_type_managers)
+    return [getattr(mgr, "single_type_manager", None) or mgr]
 
 
 def model_runner_output(cls: Any, ids: list[str], sampled: list[list[int]],
@@ -97,6 +128,39 @@ def proposals(ids: list[str], k: int, sample: Callable[[str, int], int], spec_on
     return [[sample(rid, -1)] * k for rid in ids] if spec_on else None
 
 
+# Arguments a release's config constructor requires with no default (0.8.x's ``ModelConfig``
+# and ``CacheConfig`` take these positionally) and the engine has no use for: the values
+# vLLM's own ``EngineArgs`` defaults give them. The model folder is the tokenizer's too.
+NEUTRAL = {"task": "generate", "tokenizer_mode": "auto", "trust_remote_code": False, "seed": 0,
+           "gpu_memory_utilization": 0.9, "swap_space": 0, "cache_dtype": "auto"}
+
+
+def construct(cls: Any, kw: dict[str, Any], model_dir: str) -> Any:
+    """``cls(**kw)``, plus a NEUTRAL value for each argument ``cls`` requires and ``kw``
+    leaves out (read off its signature: a no-op where none is required, as on 0.9.0 on)."""
+    from kvspec.vllm.compat import form
+    neutral = {**NEUTRAL, "tokenizer": model_dir}
+    return cls(**kw, **{n: neutral[n] for n in form(cls).required if n not in kw and n in neutral})
+
+
+def require_spec_by_method() -> None:
+    """The engine machine draws speculative decoding by drafter (``SpeculativeConfig(method=...)``);
+    0.8.1 and before still have V0's ``SpeculativeConfig`` (a draft model config, positionally):
+    a TypeError the engine turns into its one-line refusal."""
+    from vllm.config import SpeculativeConfig
+    if "method" not in inspect.signature(SpeculativeConfig).parameters:
+        raise TypeError("this release's SpeculativeConfig takes no drafter method (V0's form), which the "
+                        "engine level's speculative decoding needs")
+
+
+def scheduler_sees_eagle(spec: Any) -> bool:
+    """Whether the release's Scheduler reserves lookahead slots for this speculative config:
+    its ``use_eagle()`` where it has one (0.8.5 on), else (0.8.4) ``method == "eagle"``, the
+    test 0.8.4's ``Scheduler.__init__`` makes."""
+    use_eagle = getattr(spec, "use_eagle", None)
+    return bool(use_eagle()) if callable(use_eagle) else getattr(spec, "method", None) == "eagle"
+
+
 def accepted(cls: Any, kw: dict[str, Any]) -> dict[str, Any]:
     """``kw`` less the arguments ``cls`` does not take (0.9.x's ``SchedulerConfig`` has no
     ``is_encoder_decoder``: it reads that off the model config)."""
@@ -122,14 +186,26 @@ def cpu_platform() -> None:
             "check_and_update_config": classmethod(lambda cls, vllm_config: None)})
 
 
+def takes_kv_cache_config(sched_cls: Any) -> bool:
+    """Whether the Scheduler is given a ``KVCacheConfig`` (0.8.3 on); before, its manager
+    sizes one full-attention pool from the cache config's ``num_gpu_blocks``."""
+    return "kv_cache_config" in inspect.signature(sched_cls.__init__).parameters
+
+
+def one_full_group(spec: str) -> None:
+    """Refuses (one line) any ``--kv-groups`` but one full-attention group; None: no KVCacheConfig."""
+    from kvspec.errors import TargetError
+    if (spec or "full") != "full":
+        raise TargetError(f"vllm engine: --kv-groups {spec}: this release's KV manager runs one group (full) here")
+    return None
+
+
 def legacy_kv_cache_config(iface: Any, spec: str, num_blocks: int, block_size: int) -> Any:
     """0.9.x's ``KVCacheConfig`` (``tensors``; specs need ``use_mla``): one full-attention
     group, the only kind its single-type manager takes here; other ``--kv-groups`` are refused."""
     import torch
 
-    from kvspec.errors import TargetError
-    if (spec or "full") != "full":
-        raise TargetError(f"vllm engine: --kv-groups {spec}: this release's KV manager runs one group (full) here")
+    one_full_group(spec)
     group = iface.KVCacheGroupSpec(["model.layers.0.attn"], iface.FullAttentionSpec(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False))
     return iface.KVCacheConfig(num_blocks=num_blocks, tensors={}, kv_cache_groups=[group])
@@ -176,6 +252,27 @@ def legacy_engine(engine_cls: type) -> type:
     preempted/finished requests holding nothing: ``kvspec.engine.checks``)."""
     return type("Legacy" + engine_cls.__name__, (engine_cls,), {"manager_calls": property(_no_replay),
                                                                 "extra_kinds": ("salt",)})
+
+
+def preallocates(manager_cls: Any) -> bool:
+    """Whether the KV manager hands an admitted request blocks beyond what its tokens need
+    (``num_preallocate_tokens``, 64 tokens by default, up to every free block: 0.8.4 and
+    before, read off its constructor)."""
+    try:
+        return "num_preallocate_tokens" in inspect.signature(manager_cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def advances_in_update(sched_mod: Any) -> bool:
+    """Whether the output update, not ``schedule()``, adds a step's scheduled tokens to a
+    request's ``num_computed_tokens`` (read off ``update_from_output``'s code: 0.8.2 and
+    before add them there; later releases only take back rejected drafts)."""
+    try:
+        src = inspect.getsource(sched_mod.Scheduler.update_from_output)
+    except (OSError, TypeError, AttributeError):
+        return False   # no source to read: the current engine
+    return "num_computed_tokens +=" in src
 
 
 def caches_verified_drafts(sched_mod: Any) -> bool:

@@ -120,6 +120,12 @@ KNOWN_CHANGES = (
     Change("0.10.0", "0.26.0", "ACCOUNTING", None,
            "vllm-project/vllm#42571 (as above): a block listed twice in one free_blocks call is queued twice",
            level="pool", op="Free"),
+    Change("0.8.4", "0.8.5", "SLOTS", None,
+           "EAGLE lookahead slots not reserved for a WAITING (new or resumed) request: the waiting path's "
+           "allocate_slots passes no num_lookahead_tokens, so the drafter writes past the table where the pool "
+           "leaves nothing to preallocate: vllm-project/vllm#16612, PR #16613 superseded by #16941 (read fixed in "
+           "0.8.5; lookahead slots came with #16370 in 0.8.4)",
+           level="engine", message=r"lookahead"),
     Change("0.11.0", "0.26.0", "SLOTS", None,
            "EAGLE lookahead slots not reserved for a request with no computed tokens "
            "(effective_lookahead_tokens = 0 if num_computed_tokens == 0), so the drafter writes past the table: "

@@ -122,23 +122,25 @@ def _drafter_reserves(method: str, config_counts: bool) -> bool:
     before, the scheduler sets ``num_lookahead_tokens`` itself, from ``use_eagle()`` alone
     (read in 0.9.0 to 0.27.0's ``Scheduler.__init__``), so only an EAGLE-family config has slots."""
     try:
-        from vllm.config import ModelConfig, ParallelConfig
+        from vllm.config import ParallelConfig
 
         from kvspec.vllm import engine_compat as compat
-        from kvspec.vllm.engine import tiny_model_dir
+        from kvspec.vllm.engine import model_config, tiny_model_dir
         compat.cpu_platform()
-        model = ModelConfig(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32", max_model_len=128)
-        spec = drafter_config(method, 2, tiny_model_dir(), model, ParallelConfig())
-        use_eagle = getattr(spec, "use_eagle", None)
-        return config_counts or (callable(use_eagle) and bool(use_eagle()))
+        spec = drafter_config(method, 2, tiny_model_dir(), model_config(128), ParallelConfig())
+        return config_counts or compat.scheduler_sees_eagle(spec)
     except Exception:
         return False
 
 
 def drafter_config(method: str, k: int, model_dir: str, target_model: Any, parallel: Any) -> Any:
     """A ``SpeculativeConfig`` for a drafter with its own KV: the draft model is the tiny
-    target model itself (no weights load: only the scheduler runs)."""
+    target model itself (no weights load: only the scheduler runs), in a folder named as an
+    EAGLE head is for the EAGLE drafter (0.8.x sets ``method`` from the draft model's name)."""
     from vllm.config import SpeculativeConfig
+    if method == "eagle":
+        from kvspec.vllm.engine import tiny_model_dir
+        model_dir = tiny_model_dir("eagle-llama")
     return SpeculativeConfig(method=method, model=model_dir, num_speculative_tokens=k,
                              target_model_config=target_model, target_parallel_config=parallel)
 
