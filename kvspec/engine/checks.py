@@ -9,7 +9,11 @@ once the event is processed:
   of them (where the engine reports its manager calls), and every request's computed
   tokens fit in its blocks; with a drafter's lookahead (``StepFacts.lookahead``), every
   scheduled request's table also covers that many slots past its scheduled tokens;
-- NO_LEAK: a request preempted, finished or aborted in this event holds no block;
+- NO_LEAK: a request preempted, finished or aborted in this event holds no block, and one
+  the scheduler preempts to make room (inside ``schedule()``) gives its blocks back to the
+  pool there: a preemption whose free is deferred behind a step in flight (vLLM's async
+  scheduling with a consumer connector, #45357's fence) reclaims nothing, so the allocation
+  it was made for is no nearer (vLLM #49674: cascades of zero-progress preemptions);
 - PRIORITY: under the priority policy, a request still running after the step's
   preemptions never comes after one that was preempted in (priority, arrival) order;
 - ACCOUNTING (``check_reset``): ``reset_prefix_cache`` succeeds exactly when no block is held.
@@ -48,6 +52,12 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
         released += [(r, "preempted") for r in facts.preempted] + [(r, "finished") for r in facts.finished]
     if isinstance(op, Abort):
         released.append((op.req, "aborted"))
+    if facts is not None:
+        for rid in facts.unreclaimed:
+            out.append(v("NO_LEAK", f"{rid} was preempted to make room but none of its blocks returned to the pool "
+                                    f"(its free is deferred behind a step in flight): a preemption that reclaims "
+                                    f"nothing costs {rid} its progress and leaves the allocation it was made for "
+                                    f"short", rid))
     for rid, how in released:
         held = tables.get(rid, ())
         if held:

@@ -44,7 +44,11 @@ batch on: ``LegacyInputsEngineMachine``):
 - ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; half
   of them with ``reset_running_requests``, which preempts every running request);
 - a KV connector in a quarter of the examples (full-attention groups only), serving one
-  or two prefixes of one to three of the shared prompt chunks (``Config.connector``).
+  or two prefixes of one to three of the shared prompt chunks (``Config.connector``);
+- async scheduling (``Config.async_scheduling``: a step in flight while the next is
+  scheduled) in a third of the examples, on an unpatched vLLM, without drafts (drawn first:
+  such an example draws no drafts); half of them with the connector (a consumer:
+  ``kv_both``), where the scheduler defers block frees behind the step in flight.
 """
 from __future__ import annotations
 
@@ -212,6 +216,13 @@ class InputsEngineMachine(SpecEngineMachine):
         from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS, features
         have = features()
         out: dict = {}
+        if "async" in have and not getattr(self.target, "patch_text", None) and \
+                data.draw(st.sampled_from((False, False, True)), label="async_scheduling"):
+            # a step in flight while the next is scheduled (vLLM's AsyncScheduler); drawn without
+            # drafts (the engine's placeholder drafts are not driven) and on an unpatched vLLM only
+            # (its AsyncScheduler subclasses the installed Scheduler)
+            out["async_scheduling"] = True
+            self.spec = 0
         drafters = [m for m in LOOKAHEAD_DRAFTERS if f"lookahead:{m}" in have]
         if self.spec and drafters:
             method = data.draw(st.sampled_from(["ngram"] * len(drafters) + drafters), label="spec_method")
@@ -225,7 +236,9 @@ class InputsEngineMachine(SpecEngineMachine):
         # the connector only over full attention: with a sliding-window group, vLLM frees the
         # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
         # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
-        if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(st.sampled_from((False, False, False, True)), label="connector"):
+        if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(
+                st.sampled_from((False, True) if out.get("async_scheduling") else (False, False, False, True)),
+                label="connector"):
             chunks = _chunks()
             prefix = st.integers(1, NUM_CHUNKS).flatmap(
                 lambda k: st.lists(st.sampled_from(range(NUM_CHUNKS)), min_size=k, max_size=k))

@@ -33,6 +33,9 @@ class StepFacts:
     # under the priority policy: req -> the order preemption follows, (priority, arrival), the largest
     # preempted first, for every request running when the step was scheduled; empty: not checked
     rank: dict[str, tuple] = field(default_factory=dict)
+    # requests preempted inside this step's schedule() whose blocks did not return to the pool
+    # (their free deferred behind a step in flight: vLLM's async scheduling with a consumer connector)
+    unreclaimed: tuple[str, ...] = ()
 
 
 @runtime_checkable

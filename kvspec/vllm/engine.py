@@ -53,6 +53,7 @@ class EngineShape:
                                   # "draft_model" / "eagle" (spec_tokens lookahead slots: kvspec.vllm.inputs)
     policy: str = "fcfs"          # the scheduling policy ("priority": kvspec.vllm.inputs)
     connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (kvspec.vllm.connector)
+    async_scheduling: bool = False    # vLLM's AsyncScheduler, two batches in flight (kvspec.vllm.inputs)
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,9 +83,10 @@ def vllm_config(shape: EngineShape) -> Any:
         max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
         max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
         **({"policy": shape.policy} if shape.policy != "fcfs" else {}),
-        # a consumer connector with overlapped steps defers block frees (not modelled): the
-        # connector runs with async scheduling off, as a deployment sets --no-async-scheduling
-        **({"async_scheduling": False} if shape.connector is not None else {}))))
+        # a consumer connector with overlapped steps defers block frees (#45357's fence): without
+        # async scheduling drawn, the connector runs with it off, as a deployment sets --no-async-scheduling
+        **({"async_scheduling": shape.async_scheduling}
+           if shape.connector is not None or shape.async_scheduling else {}))))
     cache = CacheConfig(block_size=shape.block_size, enable_prefix_caching=shape.caching)
     cache.num_gpu_blocks = shape.num_blocks
     parallel = ParallelConfig()
@@ -102,6 +104,23 @@ def vllm_config(shape: EngineShape) -> Any:
         kv_transfer["kv_transfer_config"] = transfer_config(shape.connector)
     return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache, parallel_config=parallel,
                       device_config=DeviceConfig(device="cpu"), speculative_config=spec, **kv_transfer)
+
+
+ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
+
+
+def async_scheduler(sched_mod: Any) -> type:
+    """The release's ``AsyncScheduler`` (what ``async_scheduling`` selects), over the
+    scheduler under test: only drawn for an unpatched vLLM (kvspec.engine.machine), whose
+    AsyncScheduler subclasses exactly that Scheduler."""
+    import importlib
+    try:
+        cls = importlib.import_module(ASYNC_SCHEDULER_MODULE).AsyncScheduler
+    except (ImportError, AttributeError) as e:
+        raise TargetError(f"vllm engine: async scheduling: this release has no AsyncScheduler ({e})") from None
+    if not issubclass(cls, sched_mod.Scheduler):
+        raise TargetError("vllm engine: async scheduling is driven on an unpatched vLLM only")
+    return cls
 
 
 class _Recorder:
@@ -142,6 +161,14 @@ class _Recorder:
         self._engine.on_free(request, preempt=was_running)
         return result
 
+    def pop_blocks_for_free(self, request: Any) -> Any:
+        """A free deferred behind an in-flight step (#45357's fence, async scheduling with a
+        consumer connector): the request's table is dropped now, its blocks return later."""
+        was_running = request.status == self._engine.status.RUNNING
+        result = self._mgr.pop_blocks_for_free(request)
+        self._engine.on_free(request, preempt=was_running, deferred=bool(result))
+        return result
+
 
 class VllmEngine:
     """``EngineDriver`` over vLLM's v1 Scheduler (see the module doc)."""
@@ -172,11 +199,12 @@ class VllmEngine:
               if compat.is_legacy(self.request_mod) else
               build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface))
         logging.getLogger("vllm").setLevel(logging.ERROR)
-        self.sched = sched_mod.Scheduler(vllm_config=cfg, kv_cache_config=kv,
+        sched_cls = async_scheduler(sched_mod) if shape.async_scheduling else sched_mod.Scheduler
+        self.sched = sched_cls(vllm_config=cfg, kv_cache_config=kv,
                                          structured_output_manager=compat.structured_output_manager(
                                              StructuredOutputManager, cfg, compat.is_legacy(self.request_mod)),
                                          **compat.scheduler_kwargs(sched_mod.Scheduler, shape.block_size))
-        if getattr(self.sched, "defer_block_free", False):
+        if getattr(self.sched, "defer_block_free", False) and not shape.async_scheduling:
             raise TargetError("vllm engine: this configuration defers block frees, which the engine level does not model")
         self.mgr = self.sched.kv_cache_manager
         self.sched.kv_cache_manager = _Recorder(self.mgr, self)
@@ -193,6 +221,16 @@ class VllmEngine:
         self._computed: dict[str, int] = {}   # request -> computed tokens, as the manager calls leave them
         self._calls: list[ManagerCall] = []
         self._accepted: dict[str, int] = {}   # request -> drafts kept, for this step's output update
+        # async scheduling: the steps scheduled and not yet updated, oldest last (the engine core's
+        # batch queue), each with the requests that sample when its output comes back
+        self._in_flight: list[tuple[Any, set[str]]] = []
+        self._scheduling = False               # inside schedule(): a preemption there is one for room
+        self._unreclaimed: list[str] = []      # preempted inside schedule() with their blocks' return deferred
+        # why the cache model cannot follow this engine's manager calls (kvspec.engine.session):
+        # with a step in flight, a decode is scheduled before its token is known, which no
+        # cache-level op expresses; the engine-level checks judge such a run
+        self.unfollowed: Optional[str] = ("async scheduling: requests are scheduled before their last token "
+                                          "is sampled" if shape.async_scheduling else None)
 
     # -- the recorder's reports --------------------------------------------------------
     def computed_of(self, request: Any) -> int:
@@ -226,8 +264,10 @@ class VllmEngine:
         self._calls.append(ManagerCall("verify", rid, tuple(request.all_token_ids), new=request.num_computed_tokens,
                                        accepted=self._accepted.pop(rid), obs=self.observe()))
 
-    def on_free(self, request: Any, preempt: bool) -> None:
+    def on_free(self, request: Any, preempt: bool, deferred: bool = False) -> None:
         rid = request.request_id
+        if deferred and preempt and self._scheduling:
+            self._unreclaimed.append(rid)
         self._computed.pop(rid, None)
         self._calls.append(ManagerCall("preempt" if preempt else "finish", rid, tuple(request.all_token_ids),
                                        obs=self.observe()))
@@ -251,10 +291,20 @@ class VllmEngine:
         self.extras[req] = extra
         self.sched.add_request(r)
 
+    def _schedule(self) -> Any:
+        self._scheduling = True
+        try:
+            return self.sched.schedule()
+        finally:
+            self._scheduling = False
+
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
+        if self.shape.async_scheduling:
+            return self._step_async(sample)
+        self._unreclaimed = []
         s = self.sched
         running_before = {r.request_id for r in s.running}
-        out = s.schedule()
+        out = self._schedule()
         bs = self.block_size
         scheduled = dict(out.num_scheduled_tokens)
         start, slots, sampled, covered = {}, {}, [], {}
@@ -295,7 +345,60 @@ class VllmEngine:
             ids = [r.request_id for r in s.running]
             s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
         return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
-                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank)
+                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
+                         unreclaimed=tuple(self._unreclaimed))
+
+    def _step_async(self, sample: Sampler) -> StepFacts:
+        """One engine-core step with async scheduling, as vLLM's batch queue runs it
+        (``EngineCore.step_with_batch_queue``, two batches): schedule a new batch while there
+        are requests; while fewer than two are in flight that is the whole step; otherwise
+        (or with nothing to schedule) the oldest batch's output comes back and updates the
+        scheduler. A request samples one token when its batch's output comes back if that
+        batch scheduled the last of its known tokens (not a prefill chunk)."""
+        s = self.sched
+        self._unreclaimed = []
+        running_before = {r.request_id for r in s.running}
+        scheduled, start, slots, covered = {}, {}, {}, {}
+        bs = self.block_size
+        if s.has_requests():
+            out = self._schedule()
+            scheduled = dict(out.num_scheduled_tokens)
+            ends = set()
+            for rid, n in scheduled.items():
+                req = s.requests[rid]
+                start[rid] = req.num_computed_tokens - n
+                table = self._table(rid, 0)
+                slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
+                                   if p // bs < len(table))
+                covered[rid] = len(table) * bs
+                chunk = getattr(req, "is_prefill_chunk", None)
+                if not (chunk if chunk is not None else req.num_computed_tokens < req.num_tokens):
+                    ends.add(rid)
+            self._in_flight.insert(0, (out, ends))
+            if len(self._in_flight) < 2 and s.has_requests():
+                return self._async_facts(running_before, scheduled, start, slots, covered, ())
+        if not self._in_flight:
+            return self._async_facts(running_before, scheduled, start, slots, covered, ())
+        out, ends = self._in_flight.pop()
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[sample(rid, s.requests[rid].num_tokens)] if rid in ends and rid in s.requests else []
+                   for rid in ids]
+        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, None)
+        live = set(s.requests)
+        s.update_from_output(out, mro)
+        finished = tuple(sorted(rid for rid in live if rid not in s.requests or s.requests[rid].is_finished()))
+        return self._async_facts(running_before, scheduled, start, slots, covered, finished)
+
+    def _async_facts(self, running_before: set, scheduled: dict, start: dict, slots: dict, covered: dict,
+                     finished: tuple) -> StepFacts:
+        s = self.sched
+        preempted = tuple(sorted(rid for rid in running_before
+                                 if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
+        rank = {rid: (s.requests[rid].priority, s.requests[rid].arrival_time) for rid in running_before
+                if rid in s.requests} if self.shape.policy == "priority" else {}
+        return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
+                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
+                         unreclaimed=tuple(self._unreclaimed))
 
     def abort(self, req: str) -> None:
         self.sched.finish_requests(req, self.status.FINISHED_ABORTED)

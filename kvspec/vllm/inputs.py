@@ -30,8 +30,19 @@ version number, and each with the meaning the checks give it:
   (slots for them, the KV of exactly that prefix, never cached as the request's own
   computation until its blocks are full).
 
+- async scheduling (``Config.async_scheduling``, where ``SchedulerConfig`` takes
+  ``async_scheduling`` and the release ships ``AsyncScheduler``): a step is scheduled while
+  the previous one is in flight, as vLLM's engine core runs its batch queue of two
+  (``VllmEngine._step_async``). Its meaning: a request scheduled in a step whose output has
+  not come back holds every block that step writes until the output comes back; with a
+  consumer connector the scheduler therefore defers the return of a freed request's blocks
+  (#45357's fence), and a preemption made to find room must reclaim blocks, so a victim whose
+  free is deferred is no victim (NO_LEAK, ``kvspec.engine.checks``). The cache model does not
+  follow a run with a step in flight (a decode is scheduled before its token is sampled):
+  the engine-level checks judge it.
+
 Not drawn yet (see reports/vllm-engine-inputs.md): the connector's asynchronous and
-failed loads, async scheduling (two steps in flight), streaming (resumable) requests.
+failed loads, streaming (resumable) requests.
 """
 from __future__ import annotations
 
@@ -52,7 +63,7 @@ def _params(fn: Any) -> set[str]:
 @functools.lru_cache(maxsize=1)
 def features() -> frozenset[str]:
     """What the installed vLLM's scheduler takes, of: "reset", "reset_preempt",
-    "priority", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
+    "priority", "connector", "async", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
     speculative config the release accepts with a draft model of the engine's own shape."""
     out: set[str] = set()
     try:
@@ -72,11 +83,22 @@ def features() -> frozenset[str]:
         out.add("priority")
     if _connector_pluggable():
         out.add("connector")
+    if "async_scheduling" in fields and _has_async_scheduler():
+        out.add("async")
     if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
         for method in LOOKAHEAD_DRAFTERS:
             if _drafter_reserves(method, isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property)):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
+
+
+def _has_async_scheduler() -> bool:
+    """Whether the release ships the scheduler ``async_scheduling`` selects (``AsyncScheduler``)."""
+    try:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: F401
+        return True
+    except Exception:
+        return False
 
 
 def _connector_pluggable() -> bool:
