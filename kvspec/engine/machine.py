@@ -44,10 +44,11 @@ batch on: ``LegacyInputsEngineMachine``):
 - ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; half
   of them with ``reset_running_requests``, which preempts every running request);
 - a KV connector in a quarter of the examples (full-attention groups only), serving one
-  or two prefixes of one to three of the shared prompt chunks (``Config.connector``);
+  or two prefixes of one to three of the shared prompt chunks (``Config.connector``), half
+  of them loading asynchronously where the release parks a loading request;
 - async scheduling (``Config.async_scheduling``: a step in flight while the next is
-  scheduled) in a third of the examples, on an unpatched vLLM, without drafts (drawn first:
-  such an example draws no drafts); half of them with the connector (a consumer:
+  scheduled) in half the examples, on an unpatched vLLM, without drafts (drawn first:
+  such an example draws no drafts); three in four of them with the connector (a consumer:
   ``kv_both``), where the scheduler defers block frees behind the step in flight.
 """
 from __future__ import annotations
@@ -217,7 +218,7 @@ class InputsEngineMachine(SpecEngineMachine):
         have = features()
         out: dict = {}
         if "async" in have and not getattr(self.target, "patch_text", None) and \
-                data.draw(st.sampled_from((False, False, True)), label="async_scheduling"):
+                data.draw(st.booleans(), label="async_scheduling"):
             # a step in flight while the next is scheduled (vLLM's AsyncScheduler); drawn without
             # drafts (the engine's placeholder drafts are not driven) and on an unpatched vLLM only
             # (its AsyncScheduler subclasses the installed Scheduler)
@@ -237,13 +238,16 @@ class InputsEngineMachine(SpecEngineMachine):
         # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
         # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
         if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(
-                st.sampled_from((False, True) if out.get("async_scheduling") else (False, False, False, True)),
+                st.sampled_from((False, True, True, True) if out.get("async_scheduling") else (False, False, False, True)),
                 label="connector"):
             chunks = _chunks()
             prefix = st.integers(1, NUM_CHUNKS).flatmap(
                 lambda k: st.lists(st.sampled_from(range(NUM_CHUNKS)), min_size=k, max_size=k))
             picked = data.draw(st.lists(prefix, min_size=1, max_size=2), label="remote_prefixes")
             out["connector"] = "|".join(",".join(str(t) for c in p for t in chunks[c]) for p in picked)
+            if "connector_async" in have and data.draw(st.booleans(), label="connector_async"):
+                from kvspec.vllm.connector import ASYNC
+                out["connector"] = ASYNC + out["connector"]   # loads asynchronously (kvspec.vllm.connector)
         return out
 
     def priority(self, data) -> int:

@@ -229,8 +229,12 @@ class VllmEngine:
         # why the cache model cannot follow this engine's manager calls (kvspec.engine.session):
         # with a step in flight, a decode is scheduled before its token is known, which no
         # cache-level op expresses; the engine-level checks judge such a run
-        self.unfollowed: Optional[str] = ("async scheduling: requests are scheduled before their last token "
-                                          "is sampled" if shape.async_scheduling else None)
+        from kvspec.vllm.connector import loads_async
+        self._loads_due: list[str] = []   # asynchronous loads the next output reports finished
+        self.unfollowed: Optional[str] = (
+            "async scheduling: requests are scheduled before their last token is sampled" if shape.async_scheduling
+            else "the connector loads asynchronously: a request holds blocks while its KV arrives, which no "
+                 "cache-level op expresses" if loads_async(shape.connector) else None)
 
     # -- the recorder's reports --------------------------------------------------------
     def computed_of(self, request: Any) -> int:
@@ -298,6 +302,20 @@ class VllmEngine:
         finally:
             self._scheduling = False
 
+    def _output(self, ids: list[str], sampled: list[list[int]], drafts: Optional[list[list[int]]]) -> Any:
+        """The step's ``ModelRunnerOutput``, reporting the asynchronous loads started in the
+        step before as finished (kvspec.vllm.connector); this step's loads are due next."""
+        from kvspec.vllm.connector import report_loads
+        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, drafts)
+        conn = getattr(self.sched, "connector", None)
+        due, self._loads_due = self._loads_due, list(getattr(conn, "take_started_loads", list)())
+        return report_loads(mro, due)
+
+    def loading(self) -> set[str]:
+        """Requests whose asynchronous load is in flight: they hold the blocks it writes."""
+        conn = getattr(self.sched, "connector", None)
+        return set(self._loads_due) | set(getattr(conn, "loading", ()) or ())
+
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
         if self.shape.async_scheduling:
             return self._step_async(sample)
@@ -333,8 +351,7 @@ class VllmEngine:
         ids = list(scheduled)
         k = min(drafts, self.shape.spec_tokens)
         in_output = compat.drafts_in_output(s)   # 0.9.x: proposals come with the step's output
-        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled,
-                                         compat.proposals(ids, k, sample, self.shape.spec_tokens > 0) if in_output else None)
+        mro = self._output(ids, sampled, compat.proposals(ids, k, sample, self.shape.spec_tokens > 0) if in_output else None)
         live = set(s.requests)
         s.update_from_output(out, mro)
         self._accepted.clear()
@@ -383,7 +400,7 @@ class VllmEngine:
         ids = list(out.num_scheduled_tokens)
         sampled = [[sample(rid, s.requests[rid].num_tokens)] if rid in ends and rid in s.requests else []
                    for rid in ids]
-        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, None)
+        mro = self._output(ids, sampled, None)
         live = set(s.requests)
         s.update_from_output(out, mro)
         finished = tuple(sorted(rid for rid in live if rid not in s.requests or s.requests[rid].is_finished()))

@@ -28,7 +28,12 @@ version number, and each with the meaning the checks give it:
   prompt prefixes: the scheduler admits a request with the connector's tokens as
   external computed tokens, which the cache-level model replays as ``Admit.external``
   (slots for them, the KV of exactly that prefix, never cached as the request's own
-  computation until its blocks are full).
+  computation until its blocks are full). Where the scheduler parks a request while its
+  KV loads (``WAITING_FOR_REMOTE_KVS``), half the connectors load asynchronously (the
+  connector's ``load_kv_async``; the load reports finished in the next step's output): the
+  request holds the blocks the load writes until it reports, even if aborted meanwhile
+  (NO_LEAK waits for the report); a run with such loads is judged by the engine-level
+  checks (the cache model has no op for blocks held while KV arrives).
 
 - async scheduling (``Config.async_scheduling``, where ``SchedulerConfig`` takes
   ``async_scheduling`` and the release ships ``AsyncScheduler``): a step is scheduled while
@@ -41,8 +46,8 @@ version number, and each with the meaning the checks give it:
   follow a run with a step in flight (a decode is scheduled before its token is sampled):
   the engine-level checks judge it.
 
-Not drawn yet (see reports/vllm-engine-inputs.md): the connector's asynchronous and
-failed loads, streaming (resumable) requests.
+Not drawn yet (see reports/vllm-engine-inputs.md): the connector's failed loads and
+invalid blocks, streaming (resumable) requests.
 """
 from __future__ import annotations
 
@@ -63,7 +68,8 @@ def _params(fn: Any) -> set[str]:
 @functools.lru_cache(maxsize=1)
 def features() -> frozenset[str]:
     """What the installed vLLM's scheduler takes, of: "reset", "reset_preempt",
-    "priority", "connector", "async", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
+    "priority", "connector", "connector_async" (the connector may load asynchronously),
+    "async", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
     speculative config the release accepts with a draft model of the engine's own shape."""
     out: set[str] = set()
     try:
@@ -83,6 +89,8 @@ def features() -> frozenset[str]:
         out.add("priority")
     if _connector_pluggable():
         out.add("connector")
+        if hasattr(getattr(mods_request(), "RequestStatus", None), "WAITING_FOR_REMOTE_KVS"):
+            out.add("connector_async")   # the scheduler parks a request while its KV loads
     if "async_scheduling" in fields and _has_async_scheduler():
         out.add("async")
     if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
@@ -90,6 +98,11 @@ def features() -> frozenset[str]:
             if _drafter_reserves(method, isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property)):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
+
+
+def mods_request() -> Any:
+    import vllm.v1.request as request
+    return request
 
 
 def _has_async_scheduler() -> bool:
