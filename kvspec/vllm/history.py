@@ -129,6 +129,17 @@ KNOWN_CHANGES = (
            "vllm-project/vllm#18829: with a KV connector, aborting a request still waiting asserts in "
            "KVCacheManager.get_block_ids (AssertionError); fixed by #18485",
            level="engine", message=r"get_block_ids"),
+    Change("0.24.0", "0.30.0", "NO_LEAK", None,
+           "vllm-project/vllm#49674 (fixed by #49675): with async scheduling and a consumer KV connector a freed "
+           "request's blocks wait behind the step in flight (#45357's fence), and the allocation retry preempts "
+           "such a victim anyway: it reclaims nothing (zero-progress preemption cascades); the fence read from "
+           "0.24.0, the guard (_request_blocks_can_be_freed) from 0.30.0",
+           level="engine", message=r"free is deferred"),
+    Change("0.9.0", "0.16.0", "KV_INTEGRITY", None,
+           "vllm-project/vllm#32255 (\"Delay freeing blocks of aborted async loads\", merged 2026-01-13): aborting "
+           "a request whose connector load is in flight frees its blocks at once, while the load still writes "
+           "them; read without the delay to 0.15.1, with it from 0.16.0",
+           level="engine", message=r"connector load was in flight"),
 )
 
 
