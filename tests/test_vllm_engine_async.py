@@ -6,7 +6,13 @@ batches in flight, a consumer connector deferring block frees behind them (#4535
 and a connector that loads asynchronously; every engine-level check passes. On 0.27.0 (the
 fence without #49675's guard, read in its tree) the same two requests in a 7-block pool make
 the scheduler preempt a request whose free is deferred (NO_LEAK: a preemption that reclaims
-nothing); without the connector no free is deferred and the events pass.
+nothing); without the connector no free is deferred and the events pass. On 0.14.0 (before
+#32255, read) aborting a request whose asynchronous load is in flight frees the blocks the
+load still writes (KV_INTEGRITY); with a synchronous load the same events pass.
+
+The release cases run in a subprocess over the cached release tree (skipped, saying so,
+when it is absent) and are marked slow: importing a release's vLLM alone takes minutes on
+the loaded 2-core box (about 26 s of CPU each).
 """
 from __future__ import annotations
 
@@ -79,16 +85,20 @@ def test_an_async_load_holds_its_blocks_until_it_reports_even_when_aborted():
 REPLAY = r'''
 import json
 from kvspec.check.replay import replay_outcome
-from kvspec.spec.ops import Arrive, EngineStep
+from kvspec.spec.ops import Abort, Arrive, EngineStep
 out = {}
-for name, cfg in (("connector", CFG), ("no_connector", dict(CFG, connector=None))):
+for name, cfg in CASES:
     o = replay_outcome("vllm", cfg, STEPS, op_timeout=120.0)
     out[name] = [o.index, o.invariant, o.violations[0].message] if o.failed else None
 print("RESULT " + json.dumps(out))
 '''
+# an asynchronous load aborted while in flight (vLLM #32255): 0.9.0 to 0.15.1 free its blocks at once
+LOAD = dict(level="engine", num_blocks=8, block_size=4, caching=True, kv_groups="full", spec_tokens=0,
+            connector="async;1,2,3,4,11,12,13,14")
+LOAD_STEPS = "[Arrive('r1', (1, 2, 3, 4, 11, 12, 13, 14, 21, 22), 4), EngineStep(token=1), Abort('r1'), EngineStep(token=1)]"
 
 
-def _on_release(version: str) -> dict:
+def _on_release(version: str, cases: list, steps: str) -> dict:
     sys.path.insert(0, str(ROOT / "tools"))
     import vllm_releases
     tree = vllm_releases.tree(version)
@@ -97,8 +107,10 @@ def _on_release(version: str) -> dict:
     missing = [p for p in vllm_releases.deps_path(version) if not Path(p).is_dir()]
     if missing:
         pytest.skip(f"vLLM {version} extra deps not installed: {', '.join(missing)}")
-    code = REPLAY.replace("CFG", repr(C2)).replace("STEPS", C2_STEPS)
-    r = subprocess.run([sys.executable, "-c", code], env=vllm_releases.env_for(version), capture_output=True,
+    code = REPLAY.replace("CASES", repr(cases)).replace("STEPS", steps)
+    policies = [p for _, p, level in vllm_releases.passes_for(version, engine=True) if level == "engine"][0]
+    r = subprocess.run([sys.executable, "-c", code], env=vllm_releases.env_for(version, policies=policies),
+                       capture_output=True,
                        text=True, cwd=tempfile.gettempdir(), timeout=900)   # a loaded box: the import alone takes minutes
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, r.stderr[-2000:]
@@ -107,8 +119,18 @@ def _on_release(version: str) -> dict:
 
 @pytest.mark.slow
 def test_zero_progress_preemption_of_a_fenced_victim_on_0_27_0():
-    got = _on_release("0.27.0")
+    got = _on_release("0.27.0", [("connector", C2), ("no_connector", dict(C2, connector=None))], C2_STEPS)
     assert got["connector"] is not None, "0.27.0 preempted no request whose free is deferred"
     index, invariant, message = got["connector"]
     assert (index, invariant) == (7, "NO_LEAK") and "deferred" in message and "r2" in message, got["connector"]
     assert got["no_connector"] is None, got["no_connector"]   # no consumer connector, no fence: the events pass
+
+
+@pytest.mark.slow
+def test_aborted_async_load_frees_blocks_the_load_still_writes_on_0_14_0():
+    got = _on_release("0.14.0", [("async", LOAD), ("sync", dict(LOAD, connector=LOAD["connector"][len("async;"):]))],
+                      LOAD_STEPS)
+    assert got["async"] is not None, "0.14.0 kept an aborted request's blocks while its load was in flight"
+    index, invariant, message = got["async"]
+    assert (index, invariant) == (2, "KV_INTEGRITY") and "load was in flight" in message, got["async"]
+    assert got["sync"] is None, got["sync"]   # a synchronous load has finished before the abort: nothing to wait for
