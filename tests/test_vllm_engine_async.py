@@ -77,8 +77,12 @@ def test_an_async_load_holds_its_blocks_until_it_reports_even_when_aborted():
     assert check_event(EngineStep(token=1), facts, e) == []
     e.abort("r1")                      # the load still writes its blocks: they stay held, and that is no leak
     assert e.tables().get("r1") and check_event(Abort("r1"), None, e) == []
+    from kvspec.vllm.connector import LOAD_STEPS
+    for _ in range(LOAD_STEPS - 1):      # still in flight
+        facts = e.step(lambda req, pos: 1)
+        assert e.tables().get("r1") and "r1" in e.loading() and check_event(EngineStep(token=1), facts, e) == []
     facts = e.step(lambda req, pos: 1)   # the load reports: the scheduler frees them now
-    assert "r1" not in e.tables() and check_event(EngineStep(token=1), facts, e) == []
+    assert "r1" not in e.tables() and not e.loading() and check_event(EngineStep(token=1), facts, e) == []
 
 
 # -- on the release that shipped the bug (its cached tree; tools/vllm_releases.py fetches it) ---

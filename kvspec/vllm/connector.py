@@ -16,8 +16,8 @@ meaning, which the engine's manager calls are replayed against (``Admit.external
 With ``async;`` before the prefixes (``Config.connector = "async;1,2,3,4"``) it loads
 asynchronously, as a P/D consumer does: it answers ``load_kv_async=True``, the scheduler
 allocates the request's blocks and parks it (``WAITING_FOR_REMOTE_KVS``), and the load
-finishes one engine step after the step that started it: the engine reports it in that
-step's model-runner output (``finished_recving``, in ``kv_connector_output`` where the
+finishes ``LOAD_STEPS`` engine steps after the step that started it: the engine reports it
+in that step's model-runner output (``finished_recving``, in ``kv_connector_output`` where the
 release has it: ``VllmEngine``), as a worker-side connector's ``get_finished`` would.
 The meaning is the same KV, arriving later: while it arrives, the request holds the blocks
 it is written into (and nothing reads them); once it has arrived, the request goes on as
@@ -42,6 +42,9 @@ CLASS_NAME = "KvspecRemoteConnector"
 
 
 ASYNC = "async;"   # a Config.connector prefix: the connector loads asynchronously
+# an asynchronous load reports finished in the output of the second engine step after the one
+# that started it (remote KV takes a while: a request may be aborted, or others run, meanwhile)
+LOAD_STEPS = 2
 
 
 def loads_async(spec: Optional[str]) -> bool:

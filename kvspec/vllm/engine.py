@@ -230,7 +230,7 @@ class VllmEngine:
         # with a step in flight, a decode is scheduled before its token is known, which no
         # cache-level op expresses; the engine-level checks judge such a run
         from kvspec.vllm.connector import loads_async
-        self._loads_due: list[str] = []   # asynchronous loads the next output reports finished
+        self._loads: list[list[str]] = []   # asynchronous loads in flight, by the output that started them
         self.unfollowed: Optional[str] = (
             "async scheduling: requests are scheduled before their last token is sampled" if shape.async_scheduling
             else "the connector loads asynchronously: a request holds blocks while its KV arrives, which no "
@@ -303,18 +303,19 @@ class VllmEngine:
             self._scheduling = False
 
     def _output(self, ids: list[str], sampled: list[list[int]], drafts: Optional[list[list[int]]]) -> Any:
-        """The step's ``ModelRunnerOutput``, reporting the asynchronous loads started in the
-        step before as finished (kvspec.vllm.connector); this step's loads are due next."""
-        from kvspec.vllm.connector import report_loads
+        """The step's ``ModelRunnerOutput``, reporting as finished the asynchronous loads
+        started ``LOAD_STEPS`` outputs ago (kvspec.vllm.connector)."""
+        from kvspec.vllm.connector import LOAD_STEPS, report_loads
         mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, drafts)
         conn = getattr(self.sched, "connector", None)
-        due, self._loads_due = self._loads_due, list(getattr(conn, "take_started_loads", list)())
+        self._loads.append(list(getattr(conn, "take_started_loads", list)()))
+        due = self._loads.pop(0) if len(self._loads) > LOAD_STEPS else []
         return report_loads(mro, due)
 
     def loading(self) -> set[str]:
         """Requests whose asynchronous load is in flight: they hold the blocks it writes."""
         conn = getattr(self.sched, "connector", None)
-        return set(self._loads_due) | set(getattr(conn, "loading", ()) or ())
+        return {r for due in self._loads for r in due} | set(getattr(conn, "loading", ()) or ())
 
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
         if self.shape.async_scheduling:

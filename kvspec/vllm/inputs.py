@@ -30,7 +30,7 @@ version number, and each with the meaning the checks give it:
   (slots for them, the KV of exactly that prefix, never cached as the request's own
   computation until its blocks are full). Where the scheduler parks a request while its
   KV loads (``WAITING_FOR_REMOTE_KVS``), half the connectors load asynchronously (the
-  connector's ``load_kv_async``; the load reports finished in the next step's output): the
+  connector's ``load_kv_async``; the load reports finished two steps later): the
   request holds the blocks the load writes until it reports, even if aborted meanwhile
   (NO_LEAK waits for the report); a run with such loads is judged by the engine-level
   checks (the cache model has no op for blocks held while KV arrives).
