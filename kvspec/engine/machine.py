@@ -45,7 +45,8 @@ batch on: ``LegacyInputsEngineMachine``):
   of them with ``reset_running_requests``, which preempts every running request);
 - a KV connector in a quarter of the examples (full-attention groups only), serving one
   or two prefixes of one to three of the shared prompt chunks (``Config.connector``), half
-  of them loading asynchronously where the release parks a loading request;
+  of them loading asynchronously where the release parks a loading request (with a rule
+  that aborts a request while its load is in flight: a client gone mid-transfer);
 - async scheduling (``Config.async_scheduling``: a step in flight while the next is
   scheduled) in half the examples, on an unpatched vLLM, without drafts (drawn first:
   such an example draws no drafts); three in four of them with the connector (a consumer:
@@ -257,6 +258,16 @@ class InputsEngineMachine(SpecEngineMachine):
 
     def priority(self, data) -> int:
         return data.draw(st.integers(0, 2), label="priority") if self.priorities else 0
+
+    def _loading(self) -> list:
+        """The requests whose connector load is in flight (the engine's ``loading``), if any."""
+        loading = getattr(getattr(self.session, "engine", None), "loading", None)
+        return sorted(loading()) if callable(loading) else []
+
+    @precondition(lambda self: bool(self._loading()))
+    @rule(data=st.data())
+    def abort_loading(self, data):   # a client gone while its KV is still arriving (P/D)
+        self.run(Abort(data.draw(st.sampled_from(self._loading()), label="req")))
 
     @precondition(lambda self: getattr(self, "resets", None) is not None)
     @rule(data=st.data())
