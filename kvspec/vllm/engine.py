@@ -12,6 +12,12 @@ front of the manager (``_Recorder``): each ``allocate_slots`` and ``free`` becom
 ``ManagerCall`` with the manager's state right after it, which the engine-level checker
 replays through the cache-level reference model.
 
+With async scheduling drawn (``EngineShape.async_scheduling``) the scheduler is vLLM's
+``AsyncScheduler`` and a step runs as the engine core's batch queue of two runs it
+(``_step_async``): a batch is scheduled while the one before it is still in flight. A
+connector that loads asynchronously has its loads reported finished in a later step's
+output (``_output``; kvspec.vllm.connector).
+
 With a diff (``--patch``) the whole ``vllm.v1.core`` family, the scheduler included, is
 loaded patched (``kvspec.vllm.patch``), so a diff of
 ``vllm/v1/core/sched/scheduler.py`` is a scheduler under test.
