@@ -9,7 +9,15 @@ once the event is processed:
   of them (where the engine reports its manager calls), and every request's computed
   tokens fit in its blocks; with a drafter's lookahead (``StepFacts.lookahead``), every
   scheduled request's table also covers that many slots past its scheduled tokens;
-- NO_LEAK: a request preempted, finished or aborted in this event holds no block;
+- NO_LEAK: a request preempted, finished or aborted in this event holds no block, and one
+  the scheduler preempts to make room (inside ``schedule()``) gives its blocks back to the
+  pool there: a preemption whose free is deferred behind a step in flight (vLLM's async
+  scheduling with a consumer connector, #45357's fence) reclaims nothing, so the allocation
+  it was made for is no nearer (vLLM #49674: cascades of zero-progress preemptions). A
+  request whose connector load is still in flight (``EngineDriver.loading``, optional)
+  keeps the blocks the load writes until the load reports, even once aborted;
+- KV_INTEGRITY: such a request's blocks never go back to the pool before its load reports
+  (the load would write into whichever request gets them next: vLLM #32255);
 - PRIORITY: under the priority policy, a request still running after the step's
   preemptions never comes after one that was preempted in (priority, arrival) order;
 - ACCOUNTING (``check_reset``): ``reset_prefix_cache`` succeeds exactly when no block is held.
@@ -48,8 +56,22 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
         released += [(r, "preempted") for r in facts.preempted] + [(r, "finished") for r in facts.finished]
     if isinstance(op, Abort):
         released.append((op.req, "aborted"))
+    if facts is not None:
+        for rid in facts.unreclaimed:
+            out.append(v("NO_LEAK", f"{rid} was preempted to make room but none of its blocks returned to the pool "
+                                    f"(its free is deferred behind a step in flight): a preemption that reclaims "
+                                    f"nothing costs {rid} its progress and leaves the allocation it was made for "
+                                    f"short", rid))
+    loading = getattr(driver, "loading", None)
+    in_flight = loading() if callable(loading) else set()
     for rid, how in released:
         held = tables.get(rid, ())
+        if rid in in_flight:   # a connector's load still writes its blocks: they return when it reports
+            if not held:
+                out.append(v("KV_INTEGRITY", f"{rid} was {how} while its connector load was in flight, and its blocks "
+                                             f"went back to the pool: the load still writes them, over whatever "
+                                             f"request they go to next", rid))
+            continue
         if held:
             out.append(v("NO_LEAK", f"{rid} was {how} but still holds blocks {list(held)}", rid, held))
     if facts is not None:

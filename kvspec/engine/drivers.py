@@ -48,6 +48,7 @@ def engine_shape(config: Config) -> Any:
                        kv_groups=spec, spec_tokens=getattr(config, "spec_tokens", 0),
                        spec_method=getattr(config, "spec_method", "ngram"), policy=getattr(config, "policy", "fcfs"),
                        connector=getattr(config, "connector", None),
+                       async_scheduling=bool(getattr(config, "async_scheduling", False)),
                        **({"max_model_len": cap} if cap else {}))
 
 

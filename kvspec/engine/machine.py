@@ -49,7 +49,13 @@ batch on: ``LegacyInputsEngineMachine``):
 - ``reset_prefix_cache`` mid-run in a third of the examples (``ResetPrefixCache``; half
   of them with ``reset_running_requests``, which preempts every running request);
 - a KV connector in a quarter of the examples (full-attention groups only), serving one
-  or two prefixes of one to three of the shared prompt chunks (``Config.connector``).
+  or two prefixes of one to three of the shared prompt chunks (``Config.connector``), half
+  of them loading asynchronously where the release parks a loading request (with a rule
+  that aborts a request while its load is in flight: a client gone mid-transfer);
+- async scheduling (``Config.async_scheduling``: a step in flight while the next is
+  scheduled) in half the examples, on an unpatched vLLM, without drafts (drawn first:
+  such an example draws no drafts); three in four of them with the connector (a consumer:
+  ``kv_both``), where the scheduler defers block frees behind the step in flight.
 """
 from __future__ import annotations
 
@@ -233,9 +239,17 @@ class InputsEngineMachine(SpecEngineMachine):
         self.resets, self.priorities, self.streams = None, False, False
         self.sessions: dict[str, int] = {}     # streaming session -> its tokens when its turn ends
         self.seen: dict[str, list[tuple[int, ...]]] = {}   # request -> its sequences the engine held (follow-ups)
+        self.turns: list[tuple[int, ...]] = []   # each paused session's conversation as its client saw it
         from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS, features
         have = features()
         out: dict = {}
+        if "async" in have and not getattr(self.target, "patch_text", None) and \
+                data.draw(st.booleans(), label="async_scheduling"):
+            # a step in flight while the next is scheduled (vLLM's AsyncScheduler); drawn without
+            # drafts (the engine's placeholder drafts are not driven) and on an unpatched vLLM only
+            # (its AsyncScheduler subclasses the installed Scheduler)
+            out["async_scheduling"] = True
+            self.spec = 0
         drafters = [m for m in LOOKAHEAD_DRAFTERS if f"lookahead:{m}" in have]
         if self.spec and drafters:
             method = data.draw(st.sampled_from(["ngram"] * len(drafters) + drafters), label="spec_method")
@@ -247,17 +261,27 @@ class InputsEngineMachine(SpecEngineMachine):
         if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
             self.resets = ("reset_preempt" in have)
         # streaming sessions (and follow-up prompts), drawn last so that the draws above stay as they were
-        if "streaming" in have and data.draw(st.booleans(), label="streaming"):
-            self.streams = True
+        if "streaming" in have and not out.get("async_scheduling") and data.draw(st.booleans(), label="streaming"):
+            self.streams = True   # (not with a step in flight: the engine-level KV reads need the step's tables)
         # the connector only over full attention: with a sliding-window group, vLLM frees the
         # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
         # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
-        if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(st.sampled_from((False, False, False, True)), label="connector"):
+        if "connector" in have and (self.kv_groups or "full") == "full" and data.draw(
+                st.sampled_from((False, True, True, True) if out.get("async_scheduling") else (False, False, False, True)),
+                label="connector"):
             chunks = _chunks()
             prefix = st.integers(1, NUM_CHUNKS).flatmap(
                 lambda k: st.lists(st.sampled_from(range(NUM_CHUNKS)), min_size=k, max_size=k))
             picked = data.draw(st.lists(prefix, min_size=1, max_size=2), label="remote_prefixes")
             out["connector"] = "|".join(",".join(str(t) for c in p for t in chunks[c]) for p in picked)
+            if "connector_async" in have and data.draw(st.booleans(), label="connector_async"):
+                from kvspec.vllm.connector import ASYNC
+                out["connector"] = ASYNC + out["connector"]   # loads asynchronously (kvspec.vllm.connector)
+        if self.resets and out.get("connector") and (out.get("async_scheduling") or out["connector"].startswith("async;")):
+            # blocks a step in flight or a load still writes cannot be reset: vLLM's reset with
+            # reset_running_requests raises "... not supported yet" there (read in 0.33.0), so such
+            # an example resets without preempting (a refused reset is still checked: ACCOUNTING)
+            self.resets = False
         return out
 
     def priority(self, data) -> int:
@@ -281,8 +305,11 @@ class InputsEngineMachine(SpecEngineMachine):
         sampled token included), plus a new turn."""
         follow = bool(self.seen) and data.draw(st.booleans(), label="follow_up")
         if follow:
-            rid = data.draw(st.sampled_from(sorted(self.seen)), label="conversation")
-            base = data.draw(st.sampled_from(self.seen[rid][-3:]), label="resent")
+            if self.turns and data.draw(st.booleans(), label="a_whole_turn"):
+                base = data.draw(st.sampled_from(self.turns[-3:]), label="resent")   # a turn as its client saw it
+            else:
+                rid = data.draw(st.sampled_from(sorted(self.seen)), label="conversation")
+                base = data.draw(st.sampled_from(self.seen[rid][-3:]), label="resent")
             tail = data.draw(st.lists(st.sampled_from([t for c in _chunks() for t in c]), min_size=1,
                                       max_size=BLOCK_SIZE), label="new_turn")
             prompt = tuple(base) + tuple(tail)
@@ -327,7 +354,10 @@ class InputsEngineMachine(SpecEngineMachine):
         paused = getattr(getattr(self.session, "engine", None), "paused", None)
         if not getattr(self, "streams", False) or not callable(paused):
             return
+        tokens = self.session.engine.tokens()
         for rid in sorted(paused()):
+            if tokens.get(rid) and tokens[rid] not in self.turns:
+                self.turns.append(tokens[rid])   # the turn's last sampled token included
             if rid in self.sessions and data.draw(st.booleans(), label="next_input"):
                 self._stream(rid, data)
 
@@ -349,6 +379,16 @@ class InputsEngineMachine(SpecEngineMachine):
                 mine = self.seen.setdefault(rid, [])
                 if toks and toks not in mine:
                     mine.append(toks)
+
+    def _loading(self) -> list:
+        """The requests whose connector load is in flight (the engine's ``loading``), if any."""
+        loading = getattr(getattr(self.session, "engine", None), "loading", None)
+        return sorted(loading()) if callable(loading) else []
+
+    @precondition(lambda self: bool(self._loading()))
+    @rule(data=st.data())
+    def abort_loading(self, data):   # a client gone while its KV is still arriving (P/D)
+        self.run(Abort(data.draw(st.sampled_from(self._loading()), label="req")))
 
     @precondition(lambda self: getattr(self, "resets", None) is not None)
     @rule(data=st.data())

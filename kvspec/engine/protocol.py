@@ -39,6 +39,9 @@ class StepFacts:
     # req -> (first position, count) of tokens whose KV a KV connector loaded when the request was
     # admitted this step (external computed tokens): their slots hold the KV of that prefix
     loaded: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # requests preempted inside this step's schedule() whose blocks did not return to the pool
+    # (their free deferred behind a step in flight: vLLM's async scheduling with a consumer connector)
+    unreclaimed: tuple[str, ...] = ()
 
 
 @runtime_checkable

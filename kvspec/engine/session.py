@@ -99,7 +99,8 @@ class EngineSession:
         self.arrived: set[str] = set()
         self.last_result: Any = None
         self.dead = False
-        self.unfollowed: Optional[str] = None  # why the model stopped following the engine (Unexpressible)
+        # why the model stopped following the engine (Unexpressible), or never started to (the engine says)
+        self.unfollowed: Optional[str] = getattr(self.engine, "unfollowed", None)
         self._before: dict[str, int] = {}      # computed tokens per request before the current event
         self.last_reset: Optional[bool] = None  # what the last ResetPrefixCache returned
         self.sessions: set[str] = set()        # requests that arrived as streaming sessions

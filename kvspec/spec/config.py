@@ -19,6 +19,8 @@ class Config:
     policy: str = "fcfs"       # engine level: the scheduling policy ("fcfs" or "priority")
     connector: Optional[str] = None  # engine level: a KV connector serving these prompt prefixes' KV
                                # (token lists joined by '|'; kvspec.vllm.connector); None: none
+    async_scheduling: bool = False  # engine level: a step in flight while the next is scheduled (vLLM's
+                               # AsyncScheduler, two batches in flight: kvspec.vllm.inputs)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -12,6 +12,12 @@ front of the manager (``_Recorder``): each ``allocate_slots`` and ``free`` becom
 ``ManagerCall`` with the manager's state right after it, which the engine-level checker
 replays through the cache-level reference model.
 
+With async scheduling drawn (``EngineShape.async_scheduling``) the scheduler is vLLM's
+``AsyncScheduler`` and a step runs as the engine core's batch queue of two runs it
+(``_step_async``): a batch is scheduled while the one before it is still in flight. A
+connector that loads asynchronously has its loads reported finished in a later step's
+output (``_output``; kvspec.vllm.connector).
+
 With a diff (``--patch``) the whole ``vllm.v1.core`` family, the scheduler included, is
 loaded patched (``kvspec.vllm.patch``), so a diff of
 ``vllm/v1/core/sched/scheduler.py`` is a scheduler under test.
@@ -63,6 +69,7 @@ class EngineShape:
                                   # "draft_model" / "eagle" (spec_tokens lookahead slots: kvspec.vllm.inputs)
     policy: str = "fcfs"          # the scheduling policy ("priority": kvspec.vllm.inputs)
     connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (kvspec.vllm.connector)
+    async_scheduling: bool = False    # vLLM's AsyncScheduler, two batches in flight (kvspec.vllm.inputs)
 
 
 @functools.lru_cache(maxsize=2)
@@ -100,9 +107,10 @@ def vllm_config(shape: EngineShape) -> Any:
         max_num_seqs=shape.max_num_seqs, max_num_batched_tokens=shape.max_num_batched_tokens,
         max_model_len=shape.max_model_len, enable_chunked_prefill=True, is_encoder_decoder=False,
         **({"policy": shape.policy} if shape.policy != "fcfs" else {}),
-        # a consumer connector with overlapped steps defers block frees (not modelled): the
-        # connector runs with async scheduling off, as a deployment sets --no-async-scheduling
-        **({"async_scheduling": False} if shape.connector is not None else {}))))
+        # a consumer connector with overlapped steps defers block frees (#45357's fence): without
+        # async scheduling drawn, the connector runs with it off, as a deployment sets --no-async-scheduling
+        **({"async_scheduling": shape.async_scheduling}
+           if shape.connector is not None or shape.async_scheduling else {}))))
     cache = compat.construct(CacheConfig, dict(block_size=shape.block_size, enable_prefix_caching=shape.caching),
                              tiny_model_dir())
     cache.num_gpu_blocks = shape.num_blocks
@@ -121,6 +129,23 @@ def vllm_config(shape: EngineShape) -> Any:
         kv_transfer["kv_transfer_config"] = transfer_config(shape.connector)
     return VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache, parallel_config=parallel,
                       device_config=DeviceConfig(device="cpu"), speculative_config=spec, **kv_transfer)
+
+
+ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
+
+
+def async_scheduler(sched_mod: Any) -> type:
+    """The release's ``AsyncScheduler`` (what ``async_scheduling`` selects), over the
+    scheduler under test: only drawn for an unpatched vLLM (kvspec.engine.machine), whose
+    AsyncScheduler subclasses exactly that Scheduler."""
+    import importlib
+    try:
+        cls = importlib.import_module(ASYNC_SCHEDULER_MODULE).AsyncScheduler
+    except (ImportError, AttributeError) as e:
+        raise TargetError(f"vllm engine: async scheduling: this release has no AsyncScheduler ({e})") from None
+    if not issubclass(cls, sched_mod.Scheduler):
+        raise TargetError("vllm engine: async scheduling is driven on an unpatched vLLM only")
+    return cls
 
 
 class _Recorder:
@@ -161,6 +186,14 @@ class _Recorder:
         self._engine.on_free(request, preempt=was_running)
         return result
 
+    def pop_blocks_for_free(self, request: Any) -> Any:
+        """A free deferred behind an in-flight step (#45357's fence, async scheduling with a
+        consumer connector): the request's table is dropped now, its blocks return later."""
+        was_running = request.status == self._engine.status.RUNNING
+        result = self._mgr.pop_blocks_for_free(request)
+        self._engine.on_free(request, preempt=was_running, deferred=bool(result))
+        return result
+
 
 class VllmEngine:
     """``EngineDriver`` over vLLM's v1 Scheduler (see the module doc)."""
@@ -195,8 +228,9 @@ class VllmEngine:
             kv = build_kv_cache_config(shape.kv_groups, shape.num_blocks, shape.block_size, iface)
         logging.getLogger("vllm").setLevel(logging.ERROR)
         som = compat.structured_output_manager(StructuredOutputManager, cfg, compat.is_legacy(self.request_mod))
-        self.sched = sched_mod.Scheduler(**compat.scheduler_args(sched_mod.Scheduler, cfg, kv, som, shape.block_size))
-        if getattr(self.sched, "defer_block_free", False):
+        sched_cls = async_scheduler(sched_mod) if shape.async_scheduling else sched_mod.Scheduler
+        self.sched = sched_cls(**compat.scheduler_args(sched_mod.Scheduler, cfg, kv, som, shape.block_size))
+        if getattr(self.sched, "defer_block_free", False) and not shape.async_scheduling:
             raise TargetError("vllm engine: this configuration defers block frees, which the engine level does not model")
         self.mgr = self.sched.kv_cache_manager
         self.sched.kv_cache_manager = _Recorder(self.mgr, self)
@@ -215,6 +249,20 @@ class VllmEngine:
         self._calls: list[ManagerCall] = []
         self._accepted: dict[str, int] = {}   # request -> drafts kept, for this step's output update
         self._loaded: dict[str, tuple[int, int]] = {}   # request -> (first, count) a connector loaded this step
+        # async scheduling: the steps scheduled and not yet updated, oldest last (the engine core's
+        # batch queue), each with the requests that sample when its output comes back
+        self._in_flight: list[tuple[Any, set[str]]] = []
+        self._scheduling = False               # inside schedule(): a preemption there is one for room
+        self._unreclaimed: list[str] = []      # preempted inside schedule() with their blocks' return deferred
+        # why the cache model cannot follow this engine's manager calls (kvspec.engine.session):
+        # with a step in flight, a decode is scheduled before its token is known, which no
+        # cache-level op expresses; the engine-level checks judge such a run
+        from kvspec.vllm.connector import loads_async
+        self._loads: list[list[str]] = []   # asynchronous loads in flight, by the output that started them
+        self.unfollowed: Optional[str] = (
+            "async scheduling: requests are scheduled before their last token is sampled" if shape.async_scheduling
+            else "the connector loads asynchronously: a request holds blocks while its KV arrives, which no "
+                 "cache-level op expresses" if loads_async(shape.connector) else None)
 
     # -- the recorder's reports --------------------------------------------------------
     def computed_of(self, request: Any) -> int:
@@ -251,8 +299,10 @@ class VllmEngine:
         self._calls.append(ManagerCall("verify", rid, tuple(request.all_token_ids), new=request.num_computed_tokens,
                                        accepted=self._accepted.pop(rid), obs=self.observe()))
 
-    def on_free(self, request: Any, preempt: bool) -> None:
+    def on_free(self, request: Any, preempt: bool, deferred: bool = False) -> None:
         rid = request.request_id
+        if deferred and preempt and self._scheduling:
+            self._unreclaimed.append(rid)
         self._computed.pop(rid, None)
         self._calls.append(ManagerCall("preempt" if preempt else "finish", rid, tuple(request.all_token_ids),
                                        obs=self.observe()))
@@ -287,11 +337,36 @@ class VllmEngine:
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         self.sched.add_request(compat.new_request(self.request_mod, req, list(prompt), params, self.hasher, kw))
 
+    def _schedule(self) -> Any:
+        self._scheduling = True
+        try:
+            return self.sched.schedule()
+        finally:
+            self._scheduling = False
+
+    def _output(self, ids: list[str], sampled: list[list[int]], drafts: Optional[list[list[int]]]) -> Any:
+        """The step's ``ModelRunnerOutput``, reporting as finished the asynchronous loads
+        started ``LOAD_STEPS`` outputs ago (kvspec.vllm.connector)."""
+        from kvspec.vllm.connector import LOAD_STEPS, report_loads
+        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, drafts)
+        conn = getattr(self.sched, "connector", None)
+        self._loads.append(list(getattr(conn, "take_started_loads", list)()))
+        due = self._loads.pop(0) if len(self._loads) > LOAD_STEPS else []
+        return report_loads(mro, due)
+
+    def loading(self) -> set[str]:
+        """Requests whose asynchronous load is in flight: they hold the blocks it writes."""
+        conn = getattr(self.sched, "connector", None)
+        return {r for due in self._loads for r in due} | set(getattr(conn, "loading", ()) or ())
+
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
+        if self.shape.async_scheduling:
+            return self._step_async(sample)
+        self._unreclaimed = []
         s = self.sched
         running_before = {r.request_id for r in s.running}
         self._loaded = {}
-        out = s.schedule()
+        out = self._schedule()
         loaded, self._loaded = self._loaded, {}
         bs = self.block_size
         scheduled = dict(out.num_scheduled_tokens)
@@ -323,8 +398,7 @@ class VllmEngine:
         ids = list(scheduled)
         k = min(drafts, self.shape.spec_tokens)
         in_output = compat.drafts_in_output(s)   # 0.9.x: proposals come with the step's output
-        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled,
-                                         compat.proposals(ids, k, sample, self.shape.spec_tokens > 0) if in_output else None)
+        mro = self._output(ids, sampled, compat.proposals(ids, k, sample, self.shape.spec_tokens > 0) if in_output else None)
         live = set(s.requests)
         s.update_from_output(out, mro)
         self._accepted.clear()
@@ -336,12 +410,64 @@ class VllmEngine:
             s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
         return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
                          lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
-                         tables=tables, loaded=loaded)
+                         tables=tables, loaded=loaded, unreclaimed=tuple(self._unreclaimed))
 
     def paused(self) -> set[str]:
         """Streaming sessions waiting for their next input (holding their KV)."""
         waiting = getattr(self.status, "WAITING_FOR_STREAMING_REQ", None)
         return {rid for rid, r in self.sched.requests.items() if waiting is not None and r.status == waiting}
+
+    def _step_async(self, sample: Sampler) -> StepFacts:
+        """One engine-core step with async scheduling, as vLLM's batch queue runs it
+        (``EngineCore.step_with_batch_queue``, two batches): schedule a new batch while there
+        are requests; while fewer than two are in flight that is the whole step; otherwise
+        (or with nothing to schedule) the oldest batch's output comes back and updates the
+        scheduler. A request samples one token when its batch's output comes back if that
+        batch scheduled the last of its known tokens (not a prefill chunk)."""
+        s = self.sched
+        self._unreclaimed = []
+        running_before = {r.request_id for r in s.running}
+        scheduled, start, slots, covered = {}, {}, {}, {}
+        bs = self.block_size
+        if s.has_requests():
+            out = self._schedule()
+            scheduled = dict(out.num_scheduled_tokens)
+            ends = set()
+            for rid, n in scheduled.items():
+                req = s.requests[rid]
+                start[rid] = req.num_computed_tokens - n
+                table = self._table(rid, 0)
+                slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
+                                   if p // bs < len(table))
+                covered[rid] = len(table) * bs
+                chunk = getattr(req, "is_prefill_chunk", None)
+                if not (chunk if chunk is not None else req.num_computed_tokens < req.num_tokens):
+                    ends.add(rid)
+            self._in_flight.insert(0, (out, ends))
+            if len(self._in_flight) < 2 and s.has_requests():
+                return self._async_facts(running_before, scheduled, start, slots, covered, ())
+        if not self._in_flight:
+            return self._async_facts(running_before, scheduled, start, slots, covered, ())
+        out, ends = self._in_flight.pop()
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[sample(rid, s.requests[rid].num_tokens)] if rid in ends and rid in s.requests else []
+                   for rid in ids]
+        mro = self._output(ids, sampled, None)
+        live = set(s.requests)
+        s.update_from_output(out, mro)
+        finished = tuple(sorted(rid for rid in live if rid not in s.requests or s.requests[rid].is_finished()))
+        return self._async_facts(running_before, scheduled, start, slots, covered, finished)
+
+    def _async_facts(self, running_before: set, scheduled: dict, start: dict, slots: dict, covered: dict,
+                     finished: tuple) -> StepFacts:
+        s = self.sched
+        preempted = tuple(sorted(rid for rid in running_before
+                                 if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
+        rank = {rid: (s.requests[rid].priority, s.requests[rid].arrival_time) for rid in running_before
+                if rid in s.requests} if self.shape.policy == "priority" else {}
+        return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
+                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
+                         unreclaimed=tuple(self._unreclaimed))
 
     def abort(self, req: str) -> None:
         self.sched.finish_requests(req, self.status.FINISHED_ABORTED)

@@ -141,6 +141,17 @@ KNOWN_CHANGES = (
            "token's hash and is cached under it holding the new token's KV; 0.32.0 drops the hashes past the kept "
            "tokens (read: del session.block_hashes[...]); PRs #49619, #52806, #53156",
            level="engine"),
+    Change("0.24.0", "0.30.0", "NO_LEAK", None,
+           "vllm-project/vllm#49674 (fixed by #49675): with async scheduling and a consumer KV connector a freed "
+           "request's blocks wait behind the step in flight (#45357's fence), and the allocation retry preempts "
+           "such a victim anyway: it reclaims nothing (zero-progress preemption cascades); the fence read from "
+           "0.24.0, the guard (_request_blocks_can_be_freed) from 0.30.0",
+           level="engine", message=r"free is deferred"),
+    Change("0.9.0", "0.16.0", "KV_INTEGRITY", None,
+           "vllm-project/vllm#32255 (\"Delay freeing blocks of aborted async loads\", merged 2026-01-13): aborting "
+           "a request whose connector load is in flight frees its blocks at once, while the load still writes "
+           "them; read without the delay to 0.15.1, with it from 0.16.0",
+           level="engine", message=r"connector load was in flight"),
 )
 
 

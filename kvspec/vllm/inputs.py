@@ -28,7 +28,12 @@ version number, and each with the meaning the checks give it:
   prompt prefixes: the scheduler admits a request with the connector's tokens as
   external computed tokens, which the cache-level model replays as ``Admit.external``
   (slots for them, the KV of exactly that prefix, never cached as the request's own
-  computation until its blocks are full).
+  computation until its blocks are full). Where the scheduler parks a request while its
+  KV loads (``WAITING_FOR_REMOTE_KVS``), half the connectors load asynchronously (the
+  connector's ``load_kv_async``; the load reports finished two steps later): the
+  request holds the blocks the load writes until it reports, even if aborted meanwhile
+  (NO_LEAK waits for the report); a run with such loads is judged by the engine-level
+  checks (the cache model has no op for blocks held while KV arrives).
 
 - streaming input sessions (``Arrive.session``, ``StreamInput``; vLLM's resumable requests,
   where ``Request`` takes ``resumable`` and the release has ``StreamingUpdate``): a session
@@ -40,8 +45,19 @@ version number, and each with the meaning the checks give it:
   examples also draw follow-up requests whose prompt repeats a sequence the engine has
   held (a prompt plus its output, as a multi-turn client resends it), so such a hit is drawn.
 
-Not drawn yet (see reports/vllm-engine-inputs.md): the connector's asynchronous and
-failed loads, async scheduling (two steps in flight).
+- async scheduling (``Config.async_scheduling``, where ``SchedulerConfig`` takes
+  ``async_scheduling`` and the release ships ``AsyncScheduler``): a step is scheduled while
+  the previous one is in flight, as vLLM's engine core runs its batch queue of two
+  (``VllmEngine._step_async``). Its meaning: a request scheduled in a step whose output has
+  not come back holds every block that step writes until the output comes back; with a
+  consumer connector the scheduler therefore defers the return of a freed request's blocks
+  (#45357's fence), and a preemption made to find room must reclaim blocks, so a victim whose
+  free is deferred is no victim (NO_LEAK, ``kvspec.engine.checks``). The cache model does not
+  follow a run with a step in flight (a decode is scheduled before its token is sampled):
+  the engine-level checks judge it.
+
+Not drawn yet (see reports/vllm-engine-inputs.md): the connector's failed loads and
+invalid blocks.
 """
 from __future__ import annotations
 
@@ -62,7 +78,8 @@ def _params(fn: Any) -> set[str]:
 @functools.lru_cache(maxsize=1)
 def features() -> frozenset[str]:
     """What the installed vLLM's scheduler takes, of: "reset", "reset_preempt",
-    "priority", "connector", "streaming", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
+    "priority", "connector", "connector_async" (the connector may load asynchronously),
+    "async", "streaming", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
     speculative config the release accepts with a draft model of the engine's own shape."""
     out: set[str] = set()
     try:
@@ -82,6 +99,10 @@ def features() -> frozenset[str]:
         out.add("priority")
     if _connector_pluggable():
         out.add("connector")
+        if hasattr(getattr(mods_request(), "RequestStatus", None), "WAITING_FOR_REMOTE_KVS"):
+            out.add("connector_async")   # the scheduler parks a request while its KV loads
+    if "async_scheduling" in fields and _has_async_scheduler():
+        out.add("async")
     if "resumable" in _params(Request.__init__) and _has_streaming_updates():
         out.add("streaming")
     if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
@@ -96,6 +117,20 @@ def _has_streaming_updates() -> bool:
     session's next input (``StreamingUpdate``: vLLM's streaming input sessions)."""
     try:
         from vllm.v1.request import StreamingUpdate  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def mods_request() -> Any:
+    import vllm.v1.request as request
+    return request
+
+
+def _has_async_scheduler() -> bool:
+    """Whether the release ships the scheduler ``async_scheduling`` selects (``AsyncScheduler``)."""
+    try:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: F401
         return True
     except Exception:
         return False
