@@ -22,8 +22,13 @@ from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 MAX_LIVE = 4   # requests alive at once
 NUM_CHUNKS = 3
 # Drawn per example for targets with ``cache_features`` unless --kv-groups pins one.
+# The compressed layouts (DeepSeek-V4's compressed MLA groups beside a sliding window, as
+# ``compressed:R``) are drawn only on releases that have the spec (``drawable``), so the
+# older releases draw exactly what they did; two of them, so that a layout of full-like
+# groups of two specs and a window comes up often enough to find a hybrid coordinator that
+# trims only one of them (H9 of reports/vllm-history.md) at the sweep's 200 examples.
 GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,chunked:4", "swa:3",
-               "full,swa:2,chunked:4")
+               "full,swa:2,chunked:4", "full,compressed:4,swa:2", "compressed:2,compressed:4,swa:3")
 HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
 # Extra keys, drawn as colliding identities (issue 37): an example with extra keys draws
 # one PAIR of labels from a shared alphabet (A, B) and each admission then draws one of
