@@ -194,8 +194,10 @@ FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "m
 # --kv-groups kind -> the release's spec class for it
 SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec",
                 "compressed": "MLAAttentionSpec"}
-# a kind's spec class must also have these fields (DeepSeek-V4's compress_ratio: 0.20.0 on)
-SPEC_FIELDS = {"compressed": "compress_ratio"}
+# a kind's spec class must also have one of these fields: DeepSeek-V4's tokens per stored
+# entry, ``compress_ratio`` on MLAAttentionSpec (0.20.0 to 0.28.x), ``tokens_per_state`` on
+# every attention spec (0.29.0 on)
+SPEC_FIELDS = {"compressed": ("compress_ratio", "tokens_per_state")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +237,7 @@ def cache_api(up: Api) -> Optional[CacheApi]:
     if "kv_cache_config" not in params(cls) or not _takes(cls, "allocate_slots", "num_new_computed_tokens"):
         return None
     kinds = frozenset(k for k, name in SPEC_CLASSES.items() if hasattr(up.interface, name)
-                      and (k not in SPEC_FIELDS or SPEC_FIELDS[k] in _fields(getattr(up.interface, name))))
+                      and (k not in SPEC_FIELDS or set(SPEC_FIELDS[k]) & _fields(getattr(up.interface, name))))
     stm = optional_module("vllm.v1.core.single_type_kv_cache_manager")
     managed = getattr(stm, "spec_manager_map", None)
     if managed is not None:  # a kind whose spec has no manager cannot be driven

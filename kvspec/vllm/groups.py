@@ -69,12 +69,13 @@ def _group_spec(iface: Any, kind: str, size: int, block_size: int) -> Any:
     if cls is None:
         raise TargetError(f"vllm: kv group {kind!r}: this vLLM has no {compat.SPEC_CLASSES[kind]}")
     # use_mla: required by the releases before MLA had its own spec (0.9.x); dropped where not taken.
-    # compressed:R is DeepSeek-V4's compressed MLA spec (MLAAttentionSpec with compress_ratio R),
+    # compressed:R is DeepSeek-V4's compressed MLA spec (MLAAttentionSpec with R tokens per
+    # stored entry: compress_ratio, later tokens_per_state),
     # which vLLM manages as full attention, in a group of its own (compat.cache_api).
     return compat.call(cls, f"{cls.__name__}()", dict(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False,
         sliding_window=size if kind == "swa" else None, attention_chunk_size=size if kind == "chunked" else None,
-        compress_ratio=size if kind == "compressed" else 1))
+        compress_ratio=size if kind == "compressed" else 1, tokens_per_state=size if kind == "compressed" else 1))
 
 
 def build_kv_cache_config(spec: str, num_blocks: int, block_size: int, iface: Optional[Any] = None) -> Any:
