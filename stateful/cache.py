@@ -30,6 +30,16 @@ NUM_CHUNKS = 3
 GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,chunked:4", "swa:3",
                "full,swa:2,chunked:4", "full,compressed:4,swa:2", "compressed:2,compressed:4,swa:3")
 HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
+# Group kinds a target builds only where it says so (Traits.cache_kinds): vLLM's spec classes
+# have them, kvspec's own allocator and the other targets do not.
+OPT_IN_KINDS = frozenset({"compressed"})
+
+
+def missing_kinds(traits) -> frozenset:
+    """The features a target lacks, as the machine reads them: its declared
+    ``cache_missing`` and every opt-in group kind it does not declare in ``cache_kinds``."""
+    return frozenset(getattr(traits, "cache_missing", frozenset())) | \
+        (OPT_IN_KINDS - frozenset(getattr(traits, "cache_kinds", frozenset())))
 # Extra keys, drawn as colliding identities (issue 37): an example with extra keys draws
 # one PAIR of labels from a shared alphabet (A, B) and each admission then draws one of
 # the two, or none. Each pair is two identities that must not share KV but that a key
@@ -164,7 +174,7 @@ class CacheMachine(KVMachine):
 
     @property
     def _missing(self) -> frozenset:
-        return getattr(self.target.traits, "cache_missing", frozenset())
+        return missing_kinds(self.target.traits)
 
     @property
     def _drawable(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
