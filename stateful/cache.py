@@ -22,9 +22,24 @@ from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
 MAX_LIVE = 4   # requests alive at once
 NUM_CHUNKS = 3
 # Drawn per example for targets with ``cache_features`` unless --kv-groups pins one.
+# The compressed layouts (DeepSeek-V4's compressed MLA groups beside a sliding window, as
+# ``compressed:R``) are drawn only on releases that have the spec (``drawable``), so the
+# older releases draw exactly what they did; two of them, so that a layout of full-like
+# groups of two specs and a window comes up often enough to find a hybrid coordinator that
+# trims only one of them (H9 of reports/vllm-history.md) at the sweep's 200 examples.
 GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,chunked:4", "swa:3",
-               "full,swa:2,chunked:4")
+               "full,swa:2,chunked:4", "full,compressed:4,swa:2", "compressed:2,compressed:4,swa:3")
 HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
+# Group kinds a target builds only where it says so (Traits.cache_kinds): vLLM's spec classes
+# have them, kvspec's own allocator and the other targets do not.
+OPT_IN_KINDS = frozenset({"compressed"})
+
+
+def missing_kinds(traits) -> frozenset:
+    """The features a target lacks, as the machine reads them: its declared
+    ``cache_missing`` and every opt-in group kind it does not declare in ``cache_kinds``."""
+    return frozenset(getattr(traits, "cache_missing", frozenset())) | \
+        (OPT_IN_KINDS - frozenset(getattr(traits, "cache_kinds", frozenset())))
 # Extra keys, drawn as colliding identities (issue 37): an example with extra keys draws
 # one PAIR of labels from a shared alphabet (A, B) and each admission then draws one of
 # the two, or none. Each pair is two identities that must not share KV but that a key
@@ -159,7 +174,7 @@ class CacheMachine(KVMachine):
 
     @property
     def _missing(self) -> frozenset:
-        return getattr(self.target.traits, "cache_missing", frozenset())
+        return missing_kinds(self.target.traits)
 
     @property
     def _drawable(self) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -73,12 +73,12 @@ def test_a_release_without_several_groups_never_draws_a_hybrid_layout():
 def test_cache_api_missing_names_what_a_release_lacks():
     old = CacheApi(kinds=frozenset({"full", "swa"}), several_groups=False, external=False, draft_arg=True,
                    extra=frozenset({"lora", "salt", "mm"}), mm_layout="hashes", hit_values=2)
-    assert old.missing == {"groups", "chunked", "external", "three_kinds"}
+    assert old.missing == {"groups", "chunked", "external", "three_kinds", "compressed"}
     two = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=False,
                    draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=2,
                    three_kinds=False)
-    assert two.missing == {"external", "three_kinds"}
-    new = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=True,
+    assert two.missing == {"external", "three_kinds", "compressed"}
+    new = CacheApi(kinds=frozenset({"full", "swa", "chunked", "compressed"}), several_groups=True, external=True,
                    draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=3)
     assert new.missing == frozenset()
 

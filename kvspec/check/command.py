@@ -33,6 +33,11 @@ def check_kv_groups(spec, target) -> "str | None":
         raise UsageError(f"--kv-groups: {e}") from None
     if canonical != "full" and not getattr(target.traits, "cache_features", False):
         raise TargetError(f"target {target.name} does not support KV-cache groups (--kv-groups {spec})")
+    from kvspec.stateful.cache import missing_kinds
+    lacks = sorted({g.partition(":")[0] for g in canonical.split(",")} & missing_kinds(target.traits)
+                   - {"full", "swa", "chunked"})
+    if lacks:
+        raise TargetError(f"target {target.name} does not build KV-cache group kind {lacks[0]!r} (--kv-groups {spec})")
     return canonical
 
 

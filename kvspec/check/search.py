@@ -197,7 +197,7 @@ def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -
         groups = parse_groups(kv_groups)
         if len(groups) < 2:
             out["HIT_AGREEMENT"] = f"one KV-cache group: --kv-groups {kv_groups}"
-        if all(g.kind == "full" for g in groups):
+        if all(g.whole for g in groups):
             out["WINDOW"] = f"no sliding-window or chunked group: --kv-groups {kv_groups}"
     return out
 

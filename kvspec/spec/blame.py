@@ -79,9 +79,25 @@ def target_frames(tb: Optional[TracebackType]) -> list[tuple[FrameType, int]]:
     return out
 
 
+class PreconditionBroken(ValueError):
+    """A precondition of a target callee that the callee itself does not check (vLLM's
+    ``BlockPool.get_new_blocks`` takes a negative count and corrupts its free count),
+    checked by a driver at the call: raised with the blame already known, the caller
+    being the target frame that made the call (issue 37 part 6)."""
+
+    def __init__(self, message: str, callee: Any, caller: FrameType) -> None:
+        super().__init__(message)
+        code = getattr(callee, "__func__", callee).__code__   # the callee: a (bound) function of the target
+        where = Frame(getattr(code, "co_qualname", code.co_name), os.path.basename(code.co_filename),
+                      code.co_firstlineno)
+        self.blame = Blame(raised_at=where, caller=_frame(caller, caller.f_lineno), callee=where)
+
+
 def blame(exc: BaseException, documented: tuple = ()) -> Blame:
     """Where ``exc`` (raised by the target on a valid operation) came from; ``documented``:
     the target's documented misuse error classes (also rejections)."""
+    if isinstance(exc, PreconditionBroken):
+        return exc.blame
     frames = target_frames(exc.__traceback__)
     if not frames:
         return Blame(None, None, None)

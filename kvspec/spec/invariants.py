@@ -189,7 +189,7 @@ def null_block(ctx: StepContext) -> list[Violation]:
         out.append(ctx.v("NULL_BLOCK", f"the null block {n} carries a hash", [n]))
     if isinstance(ctx.op, Alloc) and isinstance(ctx.result, tuple) and n in ctx.result:
         out.append(ctx.v("NULL_BLOCK", f"allocation handed out the null block {n}", [n]))
-    windowed = [g.kind != "full" for g in getattr(ctx.model, "groups", ())]  # their tables hold null where freed
+    windowed = [not g.whole for g in getattr(ctx.model, "groups", ())]  # their tables hold null where freed
     for rid, rs in ctx.obs.requests.items():
         if n in rs.table and not (windowed and windowed[0]):
             out.append(ctx.v("NULL_BLOCK", f"request {rid} holds the null block {n}", [n], [rid]))

@@ -55,6 +55,10 @@ class Traits:
     # feature): "groups" (several groups in one manager), "swa", "chunked", "external",
     # "drafts", "lora", "salt", "mm". The cache machine draws none of them.
     cache_missing: frozenset[str] = frozenset()
+    # KV-cache group kinds beyond full, swa and chunked that the target builds (vLLM's
+    # "compressed", DeepSeek-V4's compressed MLA spec, where the release has it): such a
+    # kind is drawn or accepted by --kv-groups only where declared (stateful.cache.OPT_IN_KINDS).
+    cache_kinds: frozenset[str] = frozenset()
     # Smallest block size the target supports (nano-vllm detects a block boundary
     # with ``len(seq) % block_size == 1``, which never fires for block size 1).
     min_block_size: int = 1

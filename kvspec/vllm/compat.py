@@ -190,9 +190,14 @@ class Api:
 
 # The cache-level features a release may lack (the groups driver's vocabulary; the cache
 # machine draws none of those a target declares missing: Traits.cache_missing).
-FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm", "three_kinds")
+FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm", "three_kinds", "compressed")
 # --kv-groups kind -> the release's spec class for it
-SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec"}
+SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec",
+                "compressed": "MLAAttentionSpec"}
+# a kind's spec class must also have one of these fields: DeepSeek-V4's tokens per stored
+# entry, ``compress_ratio`` on MLAAttentionSpec (0.20.0 to 0.28.x), ``tokens_per_state`` on
+# every attention spec (0.29.0 on)
+SPEC_FIELDS = {"compressed": ("compress_ratio", "tokens_per_state")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +205,7 @@ class CacheApi:
     """What the groups driver (``kvspec.vllm.groups``) can draw on one release,
     read off its code: which group kinds it has a spec and a manager for, whether one
     manager takes several groups, and which allocate_slots/Request arguments exist."""
-    kinds: frozenset            # "full", "swa", "chunked"
+    kinds: frozenset            # "full", "swa", "chunked", "compressed"
     several_groups: bool        # a KV-cache coordinator (one pool, several groups)
     external: bool              # allocate_slots(num_external_computed_tokens=...)
     draft_arg: bool             # allocate_slots(num_draft_tokens=...): drafts excluded from caching by count
@@ -231,7 +236,8 @@ def cache_api(up: Api) -> Optional[CacheApi]:
     cls = up.manager.KVCacheManager
     if "kv_cache_config" not in params(cls) or not _takes(cls, "allocate_slots", "num_new_computed_tokens"):
         return None
-    kinds = frozenset(k for k, name in SPEC_CLASSES.items() if hasattr(up.interface, name))
+    kinds = frozenset(k for k, name in SPEC_CLASSES.items() if hasattr(up.interface, name)
+                      and (k not in SPEC_FIELDS or set(SPEC_FIELDS[k]) & _fields(getattr(up.interface, name))))
     stm = optional_module("vllm.v1.core.single_type_kv_cache_manager")
     managed = getattr(stm, "spec_manager_map", None)
     if managed is not None:  # a kind whose spec has no manager cannot be driven
@@ -255,6 +261,10 @@ def cache_api(up: Api) -> Optional[CacheApi]:
                     draft_arg=_takes(cls, "allocate_slots", "num_draft_tokens"),
                     extra=frozenset(extra), mm_layout=layout, hit_values=3 if three else 2,
                     three_kinds=several and {"swa", "chunked"} <= kinds and _takes_three_kinds(up))
+
+
+def _fields(cls: type) -> frozenset:
+    return frozenset(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else frozenset()
 
 
 def _takes_three_kinds(up: Api) -> bool:

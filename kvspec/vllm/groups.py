@@ -28,6 +28,7 @@ release does not take are not passed, and the features it lacks are never drawn.
 """
 from __future__ import annotations
 
+import sys
 import zlib
 from typing import Any, Optional
 
@@ -49,10 +50,11 @@ def parse_spec(spec: str) -> list[tuple[str, int]]:
         kind, _, arg = part.strip().partition(":")
         if kind in ("full", "mamba") and not arg:
             out.append((kind, 0))
-        elif kind in ("swa", "chunked") and arg.isdigit() and int(arg) >= 1:
+        elif kind in ("swa", "chunked", "compressed") and arg.isdigit() and int(arg) >= 1:
             out.append((kind, int(arg)))
         else:
-            raise TargetError(f"vllm: bad kv group {part.strip()!r} in {spec!r}: expected full, swa:W, chunked:C")
+            raise TargetError(f"vllm: bad kv group {part.strip()!r} in {spec!r}: "
+                              "expected full, swa:W, chunked:C, compressed:R")
     return out
 
 
@@ -66,10 +68,14 @@ def _group_spec(iface: Any, kind: str, size: int, block_size: int) -> Any:
     cls = getattr(iface, compat.SPEC_CLASSES[kind], None)
     if cls is None:
         raise TargetError(f"vllm: kv group {kind!r}: this vLLM has no {compat.SPEC_CLASSES[kind]}")
-    # use_mla: required by the releases before MLA had its own spec (0.9.x); dropped where not taken
+    # use_mla: required by the releases before MLA had its own spec (0.9.x); dropped where not taken.
+    # compressed:R is DeepSeek-V4's compressed MLA spec (MLAAttentionSpec with R tokens per
+    # stored entry: compress_ratio, later tokens_per_state),
+    # which vLLM manages as full attention, in a group of its own (compat.cache_api).
     return compat.call(cls, f"{cls.__name__}()", dict(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False,
-        sliding_window=size if kind == "swa" else None, attention_chunk_size=size if kind == "chunked" else None))
+        sliding_window=size if kind == "swa" else None, attention_chunk_size=size if kind == "chunked" else None,
+        compress_ratio=size if kind == "compressed" else 1, tokens_per_state=size if kind == "compressed" else 1))
 
 
 def build_kv_cache_config(spec: str, num_blocks: int, block_size: int, iface: Optional[Any] = None) -> Any:
@@ -161,6 +167,7 @@ class VllmGroupsCacheDriver(Driver):
         kv_config = build_kv_cache_config(getattr(config, "kv_groups", "full") or "full", config.num_blocks,
                                           config.block_size, up.interface)
         self.mgr = build_manager(up.manager, kv_config, config.block_size, config.caching, self.max_len)
+        guard_counts(self.mgr.block_pool)
         self.num_groups = len(kv_config.kv_cache_groups)
         self.hasher = up.request_hasher(config.block_size)   # None: the manager hashes requests itself
         self.status = up.request.RequestStatus
@@ -265,6 +272,27 @@ class VllmGroupsCacheDriver(Driver):
             t = self.tables(rid)
             reqs[rid] = RequestState(t[0], self.reqs[rid].num_computed_tokens, t[1:])
         return observe_pool(self.mgr.block_pool, reqs)
+
+
+def guard_counts(pool: Any) -> None:
+    """Check, at each call, the precondition ``BlockPool.get_new_blocks`` leaves unchecked: a
+    count of at least 0. A negative one (a manager that kept more hit blocks than its tokens
+    need, H9 of reports/vllm-history.md) passes the pool's "enough free blocks" test and
+    raises its free count without popping a block; on a valid call sequence only the
+    manager's own arithmetic can produce it, so it is reported as that caller's bug
+    (issue 37 part 6), at the call, before the pool is corrupted."""
+    from kvspec.spec.blame import PreconditionBroken
+
+    inner = pool.get_new_blocks
+
+    def get_new_blocks(num_blocks: int, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(num_blocks, int) and num_blocks < 0:
+            raise PreconditionBroken(f"BlockPool.get_new_blocks asked for {num_blocks} blocks: a negative count, "
+                                     "which the pool takes unchecked (its free count would rise with no block "
+                                     "popped); kvspec stopped the call",
+                                     inner, sys._getframe(1))
+        return inner(num_blocks, *args, **kwargs)
+    pool.get_new_blocks = get_new_blocks
 
 
 def end_request(driver: Any, mgr: Any, op: Any) -> Any:

@@ -152,6 +152,15 @@ KNOWN_CHANGES = (
            "a request whose connector load is in flight frees its blocks at once, while the load still writes "
            "them; read without the delay to 0.15.1, with it from 0.16.0",
            level="engine", message=r"connector load was in flight"),
+    Change("0.16.0", "0.29.0", "HIT_AGREEMENT", True,
+           "the hybrid coordinator cuts only its first full-attention group to the agreed hit: a second "
+           "full-like group of another spec (DeepSeek-V4's compressed MLA groups) keeps cached blocks past it "
+           "(reports/vllm-history.md H9); every full-attention group cut from 0.29.0 (read)",
+           level="cache", message=r"\(compressed:\d+\) took cached block"),
+    Change("0.16.0", "0.29.0", "NO_CRASH", True,
+           "the same (H9): the untrimmed group's manager asks BlockPool.get_new_blocks for a negative count "
+           "(connector tokens), which the pool takes unchecked; fixed in 0.29.0 (read)",
+           level="cache", message=r"negative count"),
 )
 
 

@@ -200,7 +200,8 @@ class VllmTarget(Target):
         self.traits = declared_policies(Traits(null_block=null, unhashed_free_first=True,
                                                misuse_error_map=(("over_alloc", ValueError),),
                                                documented_noops=frozenset(noops), cache_features=self.groups,
-                                               cache_missing=missing))
+                                               cache_missing=missing,
+                                               cache_kinds=self.cache_api.kinds if self.groups else frozenset()))
 
     def driver(self, config: Config) -> Driver:
         if config.level != "cache":

@@ -18,13 +18,27 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# A compressed group (``compressed:R``: DeepSeek-V4's compressed MLA layers, R tokens per
+# stored entry) holds and shares blocks as full attention does: its queries read every
+# earlier position, one block per ``block_size`` tokens; the ratio changes only the bytes
+# of a page, which no allocator invariant reads. It is a group of its own because its
+# spec differs from full attention's: a hybrid coordinator keeps it apart (H9 of
+# reports/vllm-history.md: a second full-like group kept hit blocks past the agreed hit).
+WHOLE = ("full", "compressed")   # kinds whose queries read from position 0
+
+
 @dataclass(frozen=True)
 class Group:
-    kind: str      # "full" | "swa" | "chunked"
-    size: int = 0  # window or chunk, in tokens
+    kind: str      # "full" | "swa" | "chunked" | "compressed"
+    size: int = 0  # window or chunk, in tokens; a compressed group's ratio
 
     def __str__(self) -> str:
         return self.kind if self.kind == "full" else f"{self.kind}:{self.size}"
+
+    @property
+    def whole(self) -> bool:
+        """Whether its queries read every earlier position (full attention's semantics)."""
+        return self.kind in WHOLE
 
     def attends_from(self, p: int) -> int:
         """The first position the query at ``p`` reads."""
@@ -36,7 +50,7 @@ class Group:
 
     def skipped(self, computed: int) -> int:
         """Leading tokens that no query from ``computed`` on reads."""
-        return self.attends_from(computed) if self.kind != "full" else 0
+        return self.attends_from(computed) if not self.whole else 0
 
 
 def parse_groups(spec: Optional[str]) -> list[Group]:
@@ -49,12 +63,12 @@ def parse_groups(spec: Optional[str]) -> list[Group]:
         kind, _, arg = part.strip().partition(":")
         if kind == "full" and not arg:
             out.append(Group("full"))
-        elif kind in ("swa", "chunked") and arg.isdigit() and int(arg) >= 1:
+        elif kind in ("swa", "chunked", "compressed") and arg.isdigit() and int(arg) >= 1:
             out.append(Group(kind, int(arg)))
         elif kind == "mamba":
             raise ValueError("kv group 'mamba' is not supported by the reference model")
         else:
-            raise ValueError(f"bad kv group {part.strip()!r}: expected full, swa:W or chunked:C (W, C >= 1)")
+            raise ValueError(f"bad kv group {part.strip()!r}: expected full, swa:W, chunked:C or compressed:R (W, C, R >= 1)")
     return out
 
 
@@ -70,7 +84,7 @@ Cached = Callable[[int], bool]   # is logical block i cached (in this group)?
 def group_hit(g: Group, cached: Cached, max_len: int, bs: int) -> int:
     """The longest hit (tokens, block-aligned, <= max_len) group ``g`` accepts alone."""
     top = max(max_len, 0) // bs
-    if g.kind == "full":
+    if g.whole:
         k = 0
         while k < top and cached(k):
             k += 1
@@ -96,7 +110,7 @@ def needed_blocks(g: Group, hit: int, bs: int) -> range:
     """The logical blocks of a ``hit``-token hit that group ``g`` takes from the cache;
     the others are null in its table."""
     k = hit // bs
-    if g.kind == "full" or k == 0:
+    if g.whole or k == 0:
         return range(0, k)
     if g.kind == "swa":
         return range(max(0, k - max(1, cdiv(g.size - 1, bs))), k)
