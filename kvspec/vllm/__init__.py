@@ -13,9 +13,11 @@ Read top to bottom:
                    prefill, drafts, extra keys in the release's own key layout, connector
                    tokens and a binding ``max_model_len``
     engine         the real v1 Scheduler on the CPU, behind a recorder of its manager calls
+    engine_async   the same with async scheduling (its AsyncScheduler, a step in flight) and
+                   the connector's asynchronous loads
     engine_compat  what the engine level needs to drive the older releases' Schedulers
     inputs         the inputs deployments send (reset, lookahead drafters, priority,
-                   connector), detected on the release by feature
+                   connector, async scheduling, streaming sessions), detected by feature
     connector      a small CPU KV connector written against the release's own connector
                    interface
     history        the policies of each release's time and the shipped bugs a finding on a

@@ -38,6 +38,7 @@ from kvspec.engine.protocol import ManagerCall, Sampler, StepFacts
 from kvspec.errors import TargetError
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.targets.v1_driver import observe_pool
+from kvspec.vllm.engine_async import AsyncStepping, async_scheduler
 from kvspec.vllm.groups import build_kv_cache_config, parse_extra
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
@@ -131,23 +132,6 @@ def vllm_config(shape: EngineShape) -> Any:
                       device_config=DeviceConfig(device="cpu"), speculative_config=spec, **kv_transfer)
 
 
-ASYNC_SCHEDULER_MODULE = "vllm.v1.core.sched.async_scheduler"
-
-
-def async_scheduler(sched_mod: Any) -> type:
-    """The release's ``AsyncScheduler`` (what ``async_scheduling`` selects), over the
-    scheduler under test: only drawn for an unpatched vLLM (kvspec.engine.machine), whose
-    AsyncScheduler subclasses exactly that Scheduler."""
-    import importlib
-    try:
-        cls = importlib.import_module(ASYNC_SCHEDULER_MODULE).AsyncScheduler
-    except (ImportError, AttributeError) as e:
-        raise TargetError(f"vllm engine: async scheduling: this release has no AsyncScheduler ({e})") from None
-    if not issubclass(cls, sched_mod.Scheduler):
-        raise TargetError("vllm engine: async scheduling is driven on an unpatched vLLM only")
-    return cls
-
-
 class _Recorder:
     """Stands in front of the scheduler's ``KVCacheManager``: every call goes through to
     it; ``allocate_slots`` and ``free`` are also reported to the engine, after the call."""
@@ -195,7 +179,7 @@ class _Recorder:
         return result
 
 
-class VllmEngine:
+class VllmEngine(AsyncStepping):
     """``EngineDriver`` over vLLM's v1 Scheduler (see the module doc)."""
 
     # the extra keys an arrival may carry here (the engine machine draws only these): a
@@ -344,21 +328,6 @@ class VllmEngine:
         finally:
             self._scheduling = False
 
-    def _output(self, ids: list[str], sampled: list[list[int]], drafts: Optional[list[list[int]]]) -> Any:
-        """The step's ``ModelRunnerOutput``, reporting as finished the asynchronous loads
-        started ``LOAD_STEPS`` outputs ago (kvspec.vllm.connector)."""
-        from kvspec.vllm.connector import LOAD_STEPS, report_loads
-        mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, drafts)
-        conn = getattr(self.sched, "connector", None)
-        self._loads.append(list(getattr(conn, "take_started_loads", list)()))
-        due = self._loads.pop(0) if len(self._loads) > LOAD_STEPS else []
-        return report_loads(mro, due)
-
-    def loading(self) -> set[str]:
-        """Requests whose asynchronous load is in flight: they hold the blocks it writes."""
-        conn = getattr(self.sched, "connector", None)
-        return {r for due in self._loads for r in due} | set(getattr(conn, "loading", ()) or ())
-
     def step(self, sample: Sampler, drafts: int = 0, accepted: int = 0) -> StepFacts:
         if self.shape.async_scheduling:
             return self._step_async(sample)
@@ -369,8 +338,10 @@ class VllmEngine:
         out = self._schedule()
         loaded, self._loaded = self._loaded, {}
         bs = self.block_size
+        # a load's request may wait for its KV (an asynchronous load): its table, for the load's writes
+        tables: dict[str, tuple[int, ...]] = {rid: self._table(rid, 0) for rid in loaded}
         scheduled = dict(out.num_scheduled_tokens)
-        start, slots, sampled, covered, tables = {}, {}, [], {}, {}
+        start, slots, sampled, covered = {}, {}, [], {}
         for rid, n in scheduled.items():
             req = s.requests[rid]
             # schedule() already advanced it (0.8.3 on; before, update_from_output does)
@@ -416,58 +387,6 @@ class VllmEngine:
         """Streaming sessions waiting for their next input (holding their KV)."""
         waiting = getattr(self.status, "WAITING_FOR_STREAMING_REQ", None)
         return {rid for rid, r in self.sched.requests.items() if waiting is not None and r.status == waiting}
-
-    def _step_async(self, sample: Sampler) -> StepFacts:
-        """One engine-core step with async scheduling, as vLLM's batch queue runs it
-        (``EngineCore.step_with_batch_queue``, two batches): schedule a new batch while there
-        are requests; while fewer than two are in flight that is the whole step; otherwise
-        (or with nothing to schedule) the oldest batch's output comes back and updates the
-        scheduler. A request samples one token when its batch's output comes back if that
-        batch scheduled the last of its known tokens (not a prefill chunk)."""
-        s = self.sched
-        self._unreclaimed = []
-        running_before = {r.request_id for r in s.running}
-        scheduled, start, slots, covered = {}, {}, {}, {}
-        bs = self.block_size
-        if s.has_requests():
-            out = self._schedule()
-            scheduled = dict(out.num_scheduled_tokens)
-            ends = set()
-            for rid, n in scheduled.items():
-                req = s.requests[rid]
-                start[rid] = req.num_computed_tokens - n
-                table = self._table(rid, 0)
-                slots[rid] = tuple(table[p // bs] * bs + p % bs for p in range(start[rid], start[rid] + n)
-                                   if p // bs < len(table))
-                covered[rid] = len(table) * bs
-                chunk = getattr(req, "is_prefill_chunk", None)
-                if not (chunk if chunk is not None else req.num_computed_tokens < req.num_tokens):
-                    ends.add(rid)
-            self._in_flight.insert(0, (out, ends))
-            if len(self._in_flight) < 2 and s.has_requests():
-                return self._async_facts(running_before, scheduled, start, slots, covered, ())
-        if not self._in_flight:
-            return self._async_facts(running_before, scheduled, start, slots, covered, ())
-        out, ends = self._in_flight.pop()
-        ids = list(out.num_scheduled_tokens)
-        sampled = [[sample(rid, s.requests[rid].num_tokens)] if rid in ends and rid in s.requests else []
-                   for rid in ids]
-        mro = self._output(ids, sampled, None)
-        live = set(s.requests)
-        s.update_from_output(out, mro)
-        finished = tuple(sorted(rid for rid in live if rid not in s.requests or s.requests[rid].is_finished()))
-        return self._async_facts(running_before, scheduled, start, slots, covered, finished)
-
-    def _async_facts(self, running_before: set, scheduled: dict, start: dict, slots: dict, covered: dict,
-                     finished: tuple) -> StepFacts:
-        s = self.sched
-        preempted = tuple(sorted(rid for rid in running_before
-                                 if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
-        rank = {rid: (s.requests[rid].priority, s.requests[rid].arrival_time) for rid in running_before
-                if rid in s.requests} if self.shape.policy == "priority" else {}
-        return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
-                         lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
-                         unreclaimed=tuple(self._unreclaimed))
 
     def abort(self, req: str) -> None:
         self.sched.finish_requests(req, self.status.FINISHED_ABORTED)
