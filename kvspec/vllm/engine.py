@@ -241,12 +241,15 @@ class VllmEngine(AsyncStepping):
         # why the cache model cannot follow this engine's manager calls (kvspec.engine.session):
         # with a step in flight, a decode is scheduled before its token is known, which no
         # cache-level op expresses; the engine-level checks judge such a run
-        from kvspec.vllm.connector import loads_async
+        async_loads = False
+        if shape.connector is not None:   # (the connector module needs the release's v1 connector API)
+            from kvspec.vllm.connector import loads_async
+            async_loads = loads_async(shape.connector)
         self._loads: list[list[str]] = []   # asynchronous loads in flight, by the output that started them
         self.unfollowed: Optional[str] = (
             "async scheduling: requests are scheduled before their last token is sampled" if shape.async_scheduling
             else "the connector loads asynchronously: a request holds blocks while its KV arrives, which no "
-                 "cache-level op expresses" if loads_async(shape.connector) else None)
+                 "cache-level op expresses" if async_loads else None)
 
     # -- the recorder's reports --------------------------------------------------------
     def computed_of(self, request: Any) -> int:

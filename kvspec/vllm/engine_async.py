@@ -35,9 +35,11 @@ class AsyncStepping:
     def _output(self, ids: list[str], sampled: list[list[int]], drafts: Optional[list[list[int]]]) -> Any:
         """The step's ``ModelRunnerOutput``, reporting as finished the asynchronous loads
         started ``LOAD_STEPS`` outputs ago (kvspec.vllm.connector)."""
-        from kvspec.vllm.connector import LOAD_STEPS, report_loads
         mro = compat.model_runner_output(self.ModelRunnerOutput, ids, sampled, drafts)
         conn = getattr(self.sched, "connector", None)
+        if conn is None:   # no connector (0.8.x has no v1 connector API to import)
+            return mro
+        from kvspec.vllm.connector import LOAD_STEPS, report_loads
         self._loads.append(list(getattr(conn, "take_started_loads", list)()))
         due = self._loads.pop(0) if len(self._loads) > LOAD_STEPS else []
         return report_loads(mro, due)
