@@ -25,7 +25,7 @@ pytest.importorskip("einops", reason="vLLM's Scheduler import chain needs einops
 from kvspec.check.search import run_check  # noqa: E402
 from kvspec.check.session import Session, run_steps  # noqa: E402
 from kvspec.spec.config import Config  # noqa: E402
-from kvspec.spec.ops import Abort, Arrive, EngineStep, op_from_dict  # noqa: E402
+from kvspec.spec.ops import ENGINE_OPS, Abort, Arrive, EngineStep, op_from_dict  # noqa: E402
 from kvspec.targets.registry import load_target  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "vllm_engine"
@@ -56,25 +56,31 @@ def test_unpatched_vllm_passes_the_engine_level(tmp_path):
     # which only a drawn max_model_len that binds can show (seen as tokens past the cap, or, since
     # the deployment inputs shifted the draws (issue 37), as scheduled tokens the capped table
     # has no slot for)
-    ("max_len_overrun.diff", "SLOTS", ("past max_model_len", "have a slot in its table"), BOUND),
+    # (since streaming sessions and asynchronous loads are drawn too: at example 137 of seed 0)
+    ("max_len_overrun.diff", "SLOTS", ("past max_model_len", "have a slot in its table"), 150),
     # speculative decoding (drawn in three examples of four on vLLM): when every draft is
     # rejected the scheduler keeps them counted as computed; the next token's KV is read
     # from a slot that holds a rejected draft's (14 examples at seed 0; at that event the
     # catalogue also sees the block cached over the rejected drafts, I4, listed first)
-    ("rejected_drafts_kept.diff", "KV_INTEGRITY", "holds KV of another prefix", BOUND),
+    # (with streaming sessions drawn, the drafts counted as computed can first show as a session
+    # update that finds more tokens computed than it keeps: vLLM's own assert in
+    # _update_request_as_session, NO_CRASH)
+    ("rejected_drafts_kept.diff", ("KV_INTEGRITY", "NO_CRASH"),
+     ("holds KV of another prefix", "_update_request_as_session"), BOUND),
 ])
 def test_a_scheduler_bug_is_found_at_the_engine_level(diff, invariant, words, bound, tmp_path):
     report = _check(DATA / diff, tmp_path, n=bound)
     assert report.violations, f"{diff}: not found in {bound} examples"
     f = report.violations[0]
-    named = [v for v in f.violations if v.invariant == invariant]   # every violation of the failing event
+    accepted = (invariant,) if isinstance(invariant, str) else invariant
+    named = [v for v in f.violations if v.invariant in accepted]   # every violation of the failing event
     assert f.level == "engine" and named, f.to_dict()
     assert any(w in named[0].message for w in ((words,) if isinstance(words, str) else words)), named[0].message
     assert f.repro and Path(f.repro).is_file()
     # the repro's steps are engine events, and replay: with the patch they fail, without they pass
-    assert all(type(op).__name__ in ("Arrive", "EngineStep", "Abort") for op in f.steps)
+    assert all(type(op) in ENGINE_OPS for op in f.steps)
     patched = load_target("vllm", patch=str(DATA / diff))
-    assert invariant in [v.invariant for v in run_steps(patched, f.config, f.steps).violations]
+    assert named[0].invariant in [v.invariant for v in run_steps(patched, f.config, f.steps).violations]
     assert not run_steps(load_target("vllm"), f.config, f.steps).failed
 
 
@@ -88,7 +94,12 @@ def test_a_kv_manager_bug_is_seen_through_the_scheduler(diff, invariant, tmp_pat
     report = _check(CORPUS / diff, tmp_path)
     assert report.violations, f"{diff}: not found in {BOUND} examples"
     f = report.violations[0]
-    assert f.invariant == invariant and "at the scheduler's call" in f.violations[0].message, f.to_dict()
+    # seen on the scheduler's own calls, or (in a run the model stopped following: a streaming
+    # session's input) as what the bad hash serves: a request reading another prefix's KV
+    # (the engine-level KV_INTEGRITY, kvspec.engine.kv_reads)
+    replayed = f.invariant == invariant and "at the scheduler's call" in f.violations[0].message
+    read = f.invariant == "KV_INTEGRITY" and "as computed, but that slot holds" in f.violations[0].message
+    assert replayed or read, f.to_dict()
 
 
 def test_session_dispatches_the_engine_level_and_ops_round_trip():

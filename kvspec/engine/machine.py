@@ -321,12 +321,13 @@ class InputsEngineMachine(SpecEngineMachine):
         fits = [m for m in range(1, 5) if len(prompt) + m <= self.longest]
         edge = [m for m in fits if (len(prompt) + m) % BLOCK_SIZE == 0]
         max_tokens = data.draw(st.sampled_from(fits + edge * len(fits)), label="max_tokens")
+        extra = data.draw(st.sampled_from(self.extras()), label="extra")   # salts and adapters, as arrive draws
         session = not follow
         rid = f"r{len(self.arrived) + 1}"
         self.arrived.append(rid)
         if session:
             self.sessions[rid] = len(prompt) + max_tokens
-        self.run(Arrive(rid, prompt, max_tokens, None, self.priority(data), session=session))
+        self.run(Arrive(rid, prompt, max_tokens, extra, self.priority(data), session=session))
 
     @precondition(lambda self: bool(getattr(self, "sessions", None)))
     @rule(data=st.data())
