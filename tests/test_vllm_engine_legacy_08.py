@@ -22,13 +22,10 @@ import json
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-import vllm_releases  # noqa: E402
+from release_trees import ready as _ready, vllm_releases
 
 AFFECTED, FIXED = "0.8.4", "0.8.5"
 
@@ -45,17 +42,6 @@ for name, cfg in (("eagle", EAGLE), ("ngram", dict(EAGLE, spec_method="ngram")),
     out[name] = [o.index, o.invariant, o.violations[0].message] if o.failed else None
 print("RESULT " + json.dumps(out))
 '''
-
-
-def _ready(version: str) -> str:
-    """Empty when the release tree and its deps are cached; else why not."""
-    tree = vllm_releases.tree(version)
-    if not (tree / ".complete").exists():
-        return f"vLLM {version} release tree not cached at {tree} (python tools/vllm_releases.py fetches it)"
-    missing = [p for p in vllm_releases.deps_path(version) if not Path(p).is_dir()]
-    if missing:
-        return f"vLLM {version} extra deps not installed: {', '.join(missing)} (vllm_releases.install_deps())"
-    return ""
 
 
 @pytest.fixture(scope="module")
