@@ -37,25 +37,13 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Optional
 
-from kvspec.alloc.shapes import required, takes
+from kvspec.alloc.shapes import (EVICT, EVICTABLE, INSERT, KEY_FIELDS, LOCK, LOCK_FIELDS, MATCH,
+                                 MATCH_NODE, ROOT_FIELDS, UNLOCK_NODE, UNLOCK_TOKENS, VALUE_FIELDS, required, takes)
 from kvspec.spec.config import Config
 from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
 from kvspec.targets.base import Driver, Target, TargetError, Traits
 
-MATCH = ("match_prefix", "match", "lookup_prefix", "find_prefix", "longest_prefix", "match_blocks")
-MATCH_NODE = ("match_node", "match_prefix_node", "match_and_lock")
-INSERT = ("insert", "insert_prefix", "cache_blocks", "add_prefix", "cache_prefix")
-EVICT = ("evict", "evict_lru", "evict_blocks", "evict_tokens", "evict_n")
-LOCK = ("inc_lock_ref", "lock", "lock_node", "inc_ref", "inc_ref_path", "pin")
-UNLOCK_NODE = ("dec_lock_ref", "unlock", "unlock_node", "dec_ref_path", "dec_ref", "release_node", "unpin")
-UNLOCK_TOKENS = ("release", "release_prefix", "unlock_prefix", "unmatch")
-EVICTABLE = ("evictable_size", "num_evictable", "num_evictable_blocks", "evictable_blocks", "get_evictable_size",
-             "evictable_tokens", "num_evictable_tokens")
-ROOT_FIELDS = ("root", "root_node", "_root", "tree", "head")
-KEY_FIELDS = ("token_ids", "key", "tokens", "edge", "label", "keys", "prefix")
-VALUE_FIELDS = ("kv_block_ids", "value", "values", "block_ids", "blocks", "kv_indices", "pages", "page_ids")
-LOCK_FIELDS = ("ref_count", "lock_ref", "lock", "locks", "refs", "ref", "lock_count", "refcount")
 ROLES = ("match", "insert", "evict", "lock", "unlock", "match_node", "release", "evictable")
 
 

@@ -396,3 +396,19 @@ def declared(cls: type, table: Mapping[str, Any], where: str) -> AllocMap:
                 req = required(cls, methods[role]) or []
                 per_id[role] = len(req) == 0 if role == "allocate" else bool(req) and one_id(req[0])
     return AllocMap(shape, methods, per_id, where)
+
+
+# Radix / trie prefix caches (kvspec.alloc.radix): method and node-field names, read by name.
+MATCH = ("match_prefix", "match", "lookup_prefix", "find_prefix", "longest_prefix", "match_blocks")
+MATCH_NODE = ("match_node", "match_prefix_node", "match_and_lock")
+INSERT = ("insert", "insert_prefix", "cache_blocks", "add_prefix", "cache_prefix")
+EVICT = ("evict", "evict_lru", "evict_blocks", "evict_tokens", "evict_n")
+LOCK = ("inc_lock_ref", "lock", "lock_node", "inc_ref", "inc_ref_path", "pin")
+UNLOCK_NODE = ("dec_lock_ref", "unlock", "unlock_node", "dec_ref_path", "dec_ref", "release_node", "unpin")
+UNLOCK_TOKENS = ("release", "release_prefix", "unlock_prefix", "unmatch")
+EVICTABLE = ("evictable_size", "num_evictable", "num_evictable_blocks", "evictable_blocks", "get_evictable_size",
+             "evictable_tokens", "num_evictable_tokens")
+ROOT_FIELDS = ("root", "root_node", "_root", "tree", "head")
+KEY_FIELDS = ("token_ids", "key", "tokens", "edge", "label", "keys", "prefix")
+VALUE_FIELDS = ("kv_block_ids", "value", "values", "block_ids", "blocks", "kv_indices", "pages", "page_ids")
+LOCK_FIELDS = ("ref_count", "lock_ref", "lock", "locks", "refs", "ref", "lock_count", "refcount")

@@ -37,6 +37,7 @@ class EngineKV:
         self.loaded_externally = loaded_externally   # a connector writes slots no step schedules
         self.slots: dict[int, object] = {}        # slot id (block * block_size + offset) -> content identity
         self.identity: dict[str, Optional[str]] = {}   # request -> its extra keys
+        self.wanted = True   # False once the engine's steps report no tables: nothing to judge, skip the tokens
 
     def arrived(self, req: str, extra: Optional[str]) -> None:
         self.identity[req] = extra
@@ -46,6 +47,8 @@ class EngineKV:
 
     def step(self, what: str, facts: StepFacts, tokens: dict[str, tuple[int, ...]]) -> list[Violation]:
         """``tokens``: every live request's tokens when the step was scheduled."""
+        if facts.scheduled:   # a step that scheduled tokens says whether this engine reports its tables
+            self.wanted = bool(facts.tables)
         if not facts.tables:
             return []
         for rid, (first, count) in facts.loaded.items():   # a connector's load: the KV of that prefix

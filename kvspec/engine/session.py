@@ -173,7 +173,8 @@ class EngineSession:
             return None
         if isinstance(op, EngineStep):
             token = op.token
-            self._tokens = e.tokens()   # what the step's scheduled tokens are (KV_INTEGRITY's writes)
+            if self.kv.wanted:   # what the step's scheduled tokens are (KV_INTEGRITY's writes)
+                self._tokens = e.tokens()
             return e.step(lambda req, pos: token, op.drafts, op.accepted)
         if isinstance(op, Abort):
             e.abort(op.req)

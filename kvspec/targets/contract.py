@@ -303,27 +303,26 @@ def alloc_styles() -> tuple[Style, ...]:
                               when=alts(sh.COPY_ON_WRITE) + "; with a fork: called before each write into a "
                               "partial last block, as its engine does; the probe checks the copy it returns"),
                          count), common_reads, extra)
-    from kvspec.alloc import radix as rx
     radix = Style("allocator", "radix", "a radix / trie prefix cache (match_prefix, insert, evict, node locks), "
                   "with no allocator of its own: kvspec supplies a free list and drives the tree at the cache level "
                   "(Admit, Step, Preempt, Finish; caching on)", (
                       Call("__init__", (), "the tree", when=ctor.when),
                       Call("match_prefix", ("key: list",), "(n, values[, node]) | values | (values, node)",
-                           when=alts(rx.MATCH) + "; key items are tuples of a block's tokens, values block ids"),
-                      Call("insert", ("key: list", "values: list"), "anything", when=alts(rx.INSERT)
+                           when=alts(sh.MATCH) + "; key items are tuples of a block's tokens, values block ids"),
+                      Call("insert", ("key: list", "values: list"), "anything", when=alts(sh.INSERT)
                            + "; called one block longer per call, so each node holds one block"),
-                      Call("evict", ("n: int",), "the evicted values", when=alts(rx.EVICT)
+                      Call("evict", ("n: int",), "the evicted values", when=alts(sh.EVICT)
                            + "; called again while short and it frees something"),
-                      Call("inc_lock_ref", ("node",), "None", optional=True, when=alts(rx.LOCK)
+                      Call("inc_lock_ref", ("node",), "None", optional=True, when=alts(sh.LOCK)
                            + "; else the match locks by itself"),
-                      Call("dec_lock_ref", ("node",), "None", when=alts(rx.UNLOCK_NODE) + "; or release(key): "
-                           + ", ".join(rx.UNLOCK_TOKENS)),
-                      Call("evictable_size", (), "int: evictable blocks", optional=True, when=alts(rx.EVICTABLE)
+                      Call("dec_lock_ref", ("node",), "None", when=alts(sh.UNLOCK_NODE) + "; or release(key): "
+                           + ", ".join(sh.UNLOCK_TOKENS)),
+                      Call("evictable_size", (), "int: evictable blocks", optional=True, when=alts(sh.EVICTABLE)
                            + "; else kvspec counts the tree's blocks no request holds")),
-                  (Field("tree", "root", "a node with a children dict", "or: " + ", ".join(rx.ROOT_FIELDS[1:])),
+                  (Field("tree", "root", "a node with a children dict", "or: " + ", ".join(sh.ROOT_FIELDS[1:])),
                    Field("node", "key / value / lock", "its key items, values, lock count",
-                         "found by name: " + "/".join(rx.KEY_FIELDS[:3]) + ", " + "/".join(rx.VALUE_FIELDS[:3])
-                         + ", " + "/".join(rx.LOCK_FIELDS[:3]))),
+                         "found by name: " + "/".join(sh.KEY_FIELDS[:3]) + ", " + "/".join(sh.VALUE_FIELDS[:3])
+                         + ", " + "/".join(sh.LOCK_FIELDS[:3]))),
                   ("invariants: a hit returns only KV inserted for exactly that prefix (HASH_CHAIN, MAX_HIT, "
                    "KV_INTEGRITY), a held block is locked and never evicted (I1, I3), evict frees exactly what it "
                    "returns (a returned block still in the tree is a queue problem), the evictable count is true "

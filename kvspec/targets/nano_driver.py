@@ -19,7 +19,7 @@ from kvspec.spec.observation import BlockState, Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Preempt, Step
 from kvspec.targets.base import Driver, TargetError
 from kvspec.targets.names import OBSERVE_HOOK, Names, companion_set, free_next_end, read_free_list
-from kvspec.targets.nano_sequence import sequence_factory
+from kvspec.targets.nano_sequence import sequence_factory, table_ids
 
 BOOLEAN, COUNTED, CHUNKED = "boolean", "counted", "chunked"  # the can_allocate/allocate generations
 from kvspec.targets.nano_api import (CHUNKED, COUNTED, LAYOUT, NANO_METHODS, Scale, _positional, _required,
@@ -64,20 +64,6 @@ def missing_internals(mgr: Any, names: Optional[Names] = None, caching: bool = T
         out += [f"Block.{f}" for f in block_fields if not names.has(first, f)]
     return out
 
-
-
-def table_ids(value: Any) -> Any:
-    """A Sequence's block table as block ids: a list as is; ``None`` (not allocated yet) as
-    empty; a table object (``BlockTable`` with ``block_ids``, RichardHuang2006/Mini-vLLM-like)
-    as its ids."""
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)):
-        for attr in ("block_ids", "blocks", "physical_block_ids", "ids"):
-            ids = getattr(value, attr, None)
-            if ids is not None and not callable(ids):
-                return list(ids)
-    return value
 
 class NanoDriver(Driver):
     """Plays nano-vllm's scheduler on one manager (see the module doc).

@@ -33,7 +33,7 @@ def fork_method(manager_cls: type) -> Optional[str]:
 def probe_fork(driver: Any, seq: Any) -> None:
     """Fork ``seq``, write into the child, free it; findings go to ``driver.fork_found``."""
     from kvspec.alloc.cow import ForkProbe
-    from kvspec.targets.nano_driver import table_ids
+    from kvspec.targets.nano_sequence import table_ids
     if driver.fork_found:
         return  # one finding is enough
     mgr, name = driver.mgr, driver.fork_name

@@ -306,3 +306,17 @@ def init_global_config(seq_cls: type, block_size: int) -> bool:
                   file=sys.stderr)
             return True
     return False
+
+
+def table_ids(value: Any) -> Any:
+    """A Sequence's block table as block ids: a list as is; ``None`` (not allocated yet) as
+    empty; a table object (``BlockTable`` with ``block_ids``, RichardHuang2006/Mini-vLLM-like)
+    as its ids."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        for attr in ("block_ids", "blocks", "physical_block_ids", "ids"):
+            ids = getattr(value, attr, None)
+            if ids is not None and not callable(ids):
+                return list(ids)
+    return value
