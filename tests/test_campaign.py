@@ -316,17 +316,21 @@ def test_a_warm_job_searches_as_a_fresh_process_does(warm_client):
     """The warm server has kvspec's checkers imported before the job forks (warm.JOB_MODULES)
     and the search still draws what a fresh process draws: when Hypothesis mixed loaded
     modules' constants into its draws, importing kvspec.mc.search first made this check
-    pass at 180 examples where a fresh process found I3 at example 62."""
+    pass at 180 examples where a fresh process found I3 at example 62.
+
+    The draws are compared on a clean run, by the steps they made: every op of every
+    example counts, so any change of draws shows, and no finding's minimization (three
+    minutes of the suite's time when this test used a patched target) is paid for."""
     from kvspec.campaign.warm import JOB_MODULES
     assert "kvspec.mc.search" in JOB_MODULES  # the import that once changed the draws
     from kvspec.campaign.matrix import Job
     from kvspec.campaign.runner import run_job
 
-    job = Job("order", "check", {"target": "impl", "patch": "corpus:impl/partial_cached.diff", "seed": 1,
-                                 "max_examples": 150})
+    job = Job("order", "check", {"target": "impl", "seed": 1, "max_examples": 180})
     fresh, warm = run_job(job.to_dict(), 300, warm=False), run_job(job.to_dict(), 300, warm=True)
-    assert warm["runner"] == "warm" and fresh["verdict"] == "violation"
-    assert _by_id([warm]) == _by_id([fresh]) and warm["result"]["examples"] == fresh["result"]["examples"]
+    assert warm["runner"] == "warm" and fresh["verdict"] == warm["verdict"] == "pass"
+    assert fresh["result"]["steps"] > 1000   # the draws made work to compare
+    assert (warm["result"]["examples"], warm["result"]["steps"]) == (fresh["result"]["examples"], fresh["result"]["steps"])
 
 
 def test_a_job_with_its_own_environment_is_a_fresh_process(tmp_path, warm_client):

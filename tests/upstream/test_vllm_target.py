@@ -116,11 +116,19 @@ FEATURE_BUGS = {"hybrid_hit_not_truncated", "swa_free_off_by_one", "lora_not_has
                 "chunk_caches_uncomputed"}
 
 
+# A long-sequence policy (its repro decodes past the prompt, preempts and re-admits five
+# times) takes about four minutes to minimize, the suite's longest test: it is found
+# unminimized, with its invariant, by test_each_cache_bug_is_found_unminimized, and
+# minimized by `kvspec patches` (reports/patches.md).
+LONG_MINIMIZATION = {"hit_window_cap"}
+
+
 def _param(b: dict):
     return pytest.param(b, id=b["id"], marks=[pytest.mark.slow] if b["id"] in FEATURE_BUGS else [])
 
 
-@pytest.mark.parametrize("bug", [_param(b) for b in BUGS if b["kind"] != "equivalent"])
+@pytest.mark.parametrize("bug", [_param(b) for b in BUGS
+                                 if b["kind"] != "equivalent" and b["id"] not in LONG_MINIMIZATION])
 def test_each_corpus_patch_is_reported_with_its_invariant(bug, tmp_path):
     target = load_target("vllm", patch=str(CORPUS / bug["file"]))
     level = "cache" if bug["id"] in FEATURE_BUGS else "all"
