@@ -97,6 +97,14 @@ def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[tuple[str, str]
         return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
             and (len(set(kinds)) < 3 or "three_kinds" not in missing)
     specs = tuple(s for s in HYBRID_SPECS if spec_ok(s))
+    # Swarm weighting by what is new: the layouts with an opt-in group kind this target has
+    # (one older releases lack: compressed, from vLLM 0.20.0) are drawn as often as all the
+    # others together, since a release's newest code is where its new bugs live; a target
+    # without such a kind draws exactly what it did.
+    new = tuple(s for s in specs if {p.partition(":")[0] for p in s.split(",")} & OPT_IN_KINDS)
+    old = len(specs) - len(new)
+    if new and old:
+        specs = tuple(s for s in specs if s not in new) + new * max(1, old // len(new))
     pairs = tuple(p for p in IDENTITY_PAIRS if not (_kinds(p[0]) | _kinds(p[1])) & missing)
     return specs, pairs
 

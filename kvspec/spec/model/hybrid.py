@@ -43,7 +43,7 @@ class GroupCacheModel(CacheModel):
         self.use_eagle = bool(getattr(config, "use_eagle", False))
         # Under EAGLE the model proves a hit available (``eagle_hit``: the floor) and
         # bounds it (``agreed_hit``: every group accepts it). A target may take any hit
-        # between the two that every group accepts (vLLM 0.33.0 looks one block further
+        # up to the bound that every group accepts (vLLM 0.33.0 looks one block further
         # than 0.20.0 on a block-aligned prompt): the session hands the model the target's
         # result (``target_result``) and the model follows it when it is such a hit, so
         # that its tables stay the target's. ``hit_floor``: the floor of the last
@@ -145,10 +145,12 @@ class GroupCacheModel(CacheModel):
             floor = eagle_hit(self.groups, self._cached_in(q), n - 1, bs)
             r = self.target_result
             took = r if isinstance(r, int) and not isinstance(r, bool) else None
-            if took is not None and floor <= took <= hit and accepted(self.groups, self._cached_in(q), took, bs):
-                floor = hit = took   # a hit every group serves, at least the floor: the target's choice
+            if took is not None and took <= hit and accepted(self.groups, self._cached_in(q), took, bs):
+                # a hit every group serves: the target's choice, followed so that the tables
+                # stay comparable (one below the floor is MIN_HIT's alone to report)
+                hit = took
             elif took is None or took < hit:
-                hit = floor          # refused, or below the floor: the model's own (MIN_HIT reports the latter)
+                hit = floor          # refused, or a hit no group layout explains: the model's own
             self.hit_floor = floor
         hits = []
         for g, grp in enumerate(self.groups):
