@@ -55,20 +55,16 @@ def test_min_hit_on_the_installed_vllm_passes_and_fails_on_a_shrunk_hit(monkeypa
     ok = replay_outcome("vllm", cfg, steps, op_timeout=None)
     assert not ok.failed, ok.violations[0].message
 
-    # the same coordinator, made to lose one block of every hit (the symptom of a drop
-    # applied twice): MIN_HIT must report it at r2's admission
+    # the same coordinator made to look two blocks short (0.33.0's EAGLE lookahead reads one
+    # block past the cap, so one block short changes nothing): a hit lost, as a drop applied
+    # twice loses it, with tables consistent with the shorter hit. MIN_HIT must report it at
+    # r2's admission
     from vllm.v1.core import kv_cache_coordinator as kcc
 
     inner = kcc.HybridKVCacheCoordinator.find_longest_cache_hit
 
-    def shrunk(self, *args, **kwargs):
-        out = inner(self, *args, **kwargs)
-        blocks, hit = out[0], out[1]
-        if hit:
-            hit -= BS
-            for b in blocks:
-                del b[hit // BS:]
-        return (blocks, hit) + tuple(out[2:])
+    def shrunk(self, block_hashes, max_cache_hit_length, *args, **kwargs):
+        return inner(self, block_hashes, max(max_cache_hit_length - 2 * BS, 0), *args, **kwargs)
 
     monkeypatch.setattr(kcc.HybridKVCacheCoordinator, "find_longest_cache_hit", shrunk)
     bad = replay_outcome("vllm", cfg, steps, op_timeout=None)
@@ -79,6 +75,10 @@ CASES = f"""[
     ("eagle", dict(level="cache", num_blocks=20, block_size=2, caching=True, kv_groups="full,swa:2",
                    use_eagle=True), {STEPS}),
     ("plain", dict(level="cache", num_blocks=20, block_size=2, caching=True, kv_groups="full,swa:2"), {STEPS}),
+    # the sweep's own find on 0.14.0 (tools/vllm_releases.py defaults, example 150, minimal):
+    # r1 still runs; r2 may hit 1 token (block 1 cached for EAGLE to match and drop)
+    ("sweep", dict(level="cache", num_blocks=7, block_size=1, caching=True, kv_groups="full,swa:2",
+                   use_eagle=True), [Admit("r1", (1, 11)), Admit("r2", (1, 11, 21), chunk=1)]),
 ]"""
 
 
@@ -91,9 +91,11 @@ def test_h10_replays_on_its_releases(version, lost):
     out = replay_on(version, CASES, OLD_POLICY)
     assert out["plain"] is None, out["plain"]   # without EAGLE the hit is the model's
     if not lost:
-        assert out["eagle"] is None, out["eagle"]
+        assert out["eagle"] is None and out["sweep"] is None, out
         return
-    index, invariant, message = out["eagle"]
-    assert (index, invariant) == (2, "MIN_HIT"), out["eagle"]
-    finding = {"invariant": invariant, "level": "cache", "message": message, "config": {"caching": True}}
-    assert "H10" in attribute(version, finding, OLD_POLICY)
+    for name, at in (("eagle", 2), ("sweep", 1)):
+        assert out[name] is not None, name
+        index, invariant, message = out[name]
+        assert (index, invariant) == (at, "MIN_HIT"), out[name]
+        finding = {"invariant": invariant, "level": "cache", "message": message, "config": {"caching": True}}
+        assert "H10" in attribute(version, finding, OLD_POLICY)
