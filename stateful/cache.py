@@ -32,7 +32,9 @@ GROUP_SPECS = ("full", "full", "full,swa:2", "full,swa:3", "full,swa:4", "full,c
 HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
 # Group kinds a target builds only where it says so (Traits.cache_kinds): vLLM's spec classes
 # have them, kvspec's own allocator and the other targets do not.
-OPT_IN_KINDS = frozenset({"compressed"})
+# "eagle" (KVCacheManager's use_eagle) is opt-in the same way: a target that does not
+# declare it never sees Config.use_eagle.
+OPT_IN_KINDS = frozenset({"compressed", "eagle"})
 
 
 def missing_kinds(traits) -> frozenset:
@@ -95,6 +97,14 @@ def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[tuple[str, str]
         return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
             and (len(set(kinds)) < 3 or "three_kinds" not in missing)
     specs = tuple(s for s in HYBRID_SPECS if spec_ok(s))
+    # Swarm weighting by what is new: the layouts with an opt-in group kind this target has
+    # (one older releases lack: compressed, from vLLM 0.20.0) are drawn as often as all the
+    # others together, since a release's newest code is where its new bugs live; a target
+    # without such a kind draws exactly what it did.
+    new = tuple(s for s in specs if {p.partition(":")[0] for p in s.split(",")} & OPT_IN_KINDS)
+    old = len(specs) - len(new)
+    if new and old:
+        specs = tuple(s for s in specs if s not in new) + new * max(1, old // len(new))
     pairs = tuple(p for p in IDENTITY_PAIRS if not (_kinds(p[0]) | _kinds(p[1])) & missing)
     return specs, pairs
 
@@ -162,7 +172,22 @@ class CacheMachine(KVMachine):
                                if "extra" in self.enabled else None)
         elif self.kv_groups is not None:
             extra["kv_groups"] = self.kv_groups
-        self.start(Config(level="cache", num_blocks=n, block_size=bs, caching=self.draw_caching(data), **extra))
+        caching = self.draw_caching(data)
+        if caching and self._eagle_layout(extra.get("kv_groups")):
+            # drawn last, so that every example that cannot take it draws what it did before
+            extra["use_eagle"] = data.draw(st.booleans(), label="use_eagle")
+        self.start(Config(level="cache", num_blocks=n, block_size=bs, caching=caching, **extra))
+
+    def _eagle_layout(self, spec: Optional[str]) -> bool:
+        """Whether this example may draw ``use_eagle`` (an EAGLE/MTP drafter: hits drop the
+        block they matched last): a swarm example of a target that opts in (``eagle``),
+        over a layout of several groups (where the coordinator's fixed-point loop applies
+        the drop: H10 of reports/vllm-history.md) with no chunked local group (vLLM's
+        chunked manager asserts that it takes no EAGLE drop)."""
+        if not self.enabled or "eagle" in self._missing or not spec:
+            return False
+        kinds = [p.partition(":")[0] for p in spec.split(",")]
+        return len(kinds) > 1 and "chunked" not in kinds
 
     # -- KV-cache groups, chunked prefill, drafts, extra keys, connector tokens ----------
     kv_groups: Optional[str] = None   # pinned by --kv-groups; None: drawn where the target supports groups

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.stateful.cache import HYBRID_SPECS, IDENTITY_PAIRS, drawable
+from kvspec.stateful.cache import HYBRID_SPECS, IDENTITY_PAIRS, OPT_IN_KINDS, drawable
 from kvspec.vllm.compat import FEATURES, CacheApi
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +25,23 @@ def _tool():
     return mod
 
 
+def _new_kind(spec: str) -> bool:
+    return bool({p.partition(":")[0] for p in spec.split(",")} & OPT_IN_KINDS)
+
+
 def test_nothing_missing_draws_every_layout_and_key():
-    assert drawable(frozenset()) == (HYBRID_SPECS, IDENTITY_PAIRS)
+    """Every layout and key is drawable; the layouts with a group kind older releases lack
+    (``compressed``) are weighted to half of the draws (swarm weighting by what is new)."""
+    specs, extras = drawable(frozenset())
+    assert tuple(dict.fromkeys(specs)) == HYBRID_SPECS and extras == IDENTITY_PAIRS
+    new = [s for s in specs if _new_kind(s)]
+    assert new and 2 * len(new) == len(specs)
+
+
+def test_a_release_without_the_new_kind_draws_as_before():
+    """Weighting is gated by the kind: without it the layouts are HYBRID_SPECS' own, in order."""
+    specs, _ = drawable(frozenset({"compressed"}))
+    assert list(specs) == [s for s in HYBRID_SPECS if not _new_kind(s)]
 
 
 @pytest.mark.parametrize("missing", [{"groups"}, {"chunked"}, {"swa", "chunked"}, {"groups", "chunked", "mm"},
@@ -48,7 +63,7 @@ def test_a_missing_feature_is_never_drawn(missing):
     keep = [s for s in HYBRID_SPECS if not {p.partition(":")[0] for p in s.split(",")} & missing
             and ("groups" not in missing or "," not in s)
             and ("three_kinds" not in missing or len({p.partition(":")[0] for p in s.split(",")}) < 3)]
-    assert list(specs) == keep
+    assert list(dict.fromkeys(specs)) == keep   # each once (a new kind's layouts are repeated: weighted)
     assert list(extras) == [p for p in IDENTITY_PAIRS
                             if not {i.partition(":")[0] for e in p for i in e.split(";")} & missing]
 
@@ -73,13 +88,14 @@ def test_a_release_without_several_groups_never_draws_a_hybrid_layout():
 def test_cache_api_missing_names_what_a_release_lacks():
     old = CacheApi(kinds=frozenset({"full", "swa"}), several_groups=False, external=False, draft_arg=True,
                    extra=frozenset({"lora", "salt", "mm"}), mm_layout="hashes", hit_values=2)
-    assert old.missing == {"groups", "chunked", "external", "three_kinds", "compressed"}
+    assert old.missing == {"groups", "chunked", "external", "three_kinds", "compressed", "eagle"}
     two = CacheApi(kinds=frozenset({"full", "swa", "chunked"}), several_groups=True, external=False,
                    draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=2,
                    three_kinds=False)
-    assert two.missing == {"external", "three_kinds", "compressed"}
+    assert two.missing == {"external", "three_kinds", "compressed", "eagle"}
     new = CacheApi(kinds=frozenset({"full", "swa", "chunked", "compressed"}), several_groups=True, external=True,
-                   draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=3)
+                   draft_arg=False, extra=frozenset({"lora", "salt", "mm"}), mm_layout="features", hit_values=3,
+                   eagle=True)
     assert new.missing == frozenset()
 
 

@@ -371,11 +371,18 @@ class Session:
                 return ended
             if error is None:
                 self._model_pool().chooser = _chooser(obs, result)
+        # A model that may follow the target's choice among the results it allows (a hit
+        # between the floor it proves and the bound it states: GroupCacheModel) reads it here.
+        follows = hasattr(self.model, "target_result")
+        if follows:
+            self.model.target_result = result if misuse is None and error is None else None
         try:
             expected = self.model.apply(op) if misuse is None else None
         finally:
             if self._follow:
                 self._model_pool().chooser = None
+            if follows:
+                self.model.target_result = None
         if live is not None and (misuse is None) == (error is None):
             try:
                 delta = self.driver.observe_delta()

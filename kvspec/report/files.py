@@ -27,7 +27,7 @@ MD_NAME = "kvspec-check.md"
 JUNIT_NAME = "kvspec-check.junit.xml"
 
 # Invariants whose checks only ever fire at the cache level (they read requests).
-CACHE_ONLY = frozenset({"I2", "MAX_HIT", "KV_INTEGRITY"})
+CACHE_ONLY = frozenset({"I2", "MAX_HIT", "MIN_HIT", "KV_INTEGRITY"})
 FULL_VIEW_BLOCKS = 32  # pools up to this size show every block; larger ones the changed ones
 
 

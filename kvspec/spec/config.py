@@ -13,6 +13,8 @@ class Config:
     caching: bool = True       # prefix caching on
     kv_groups: str = "full"    # KV-cache groups sharing the pool, e.g. "full,swa:4" (cache level)
     max_model_len: Optional[int] = None  # per-request token cap (cache level); None: none
+    use_eagle: bool = False    # cache level: an EAGLE/MTP drafter reads the KV-cache, so a prefix hit drops the
+                               # last block it matched (the drafter recomputes it): spec.model.groups.eagle_hit
     spec_tokens: int = 0       # engine level: speculative decoding with this many draft tokens per step; 0: off
     spec_method: str = "ngram" # engine level: the drafter ("ngram": no lookahead slots; "draft_model", "eagle":
                                # the drafter writes KV past the scheduled tokens, spec_tokens lookahead slots)

@@ -53,6 +53,24 @@ def hit_agreement(ctx) -> list[Violation]:
     return []
 
 
+def min_hit(ctx) -> list[Violation]:
+    """A lower bound on hits: an admission takes at least the hit the model proves every
+    group can serve (``GroupCacheModel.hit_floor``, stated under EAGLE/MTP only, where
+    it is ``spec.model.groups.eagle_hit``). MAX_HIT bounds a hit from above; without this
+    a manager that loses valid hits (H10 of reports/vllm-history.md: EAGLE's drop applied
+    again on each retry pass of the hybrid coordinator) breaks nothing stated."""
+    m = _model(ctx)
+    if m is None or not isinstance(ctx.op, Admit) or ctx.misuse is not None or ctx.error is not None:
+        return []
+    floor, got = m.hit_floor, ctx.result
+    if floor is None or not isinstance(got, int) or isinstance(got, bool) or got >= floor:
+        return []
+    rid = ctx.op.req
+    return [ctx.v("MIN_HIT", f"{rid} hit {got} tokens, but every group can serve {floor} (EAGLE: each group has "
+                             f"those blocks cached and the one after them, which it matches and drops once)",
+                  requests=[rid])]
+
+
 def _scheduled(ctx) -> Optional[str]:
     """The request whose tokens this step computed (None if refused or none)."""
     if not isinstance(ctx.op, (Admit, Prefill, Step)) or ctx.result is None or ctx.result is False:

@@ -40,6 +40,7 @@ CATALOGUE: dict[str, str] = {
     "NULL_BLOCK": "Block 0 is reserved: never handed out, queued, hashed or counted.",
     "KV_INTEGRITY": "Every KV slot a request reads holds KV computed for exactly that request's token prefix.",
     "MAX_HIT": "A prefix hit is block-aligned, contiguous from block 0, and never covers the whole prompt.",
+    "MIN_HIT": "A prefix hit the reference model proves every group can serve is taken (under EAGLE/MTP: the longest hit whose next block is cached too, dropped once).",
     "NO_LEAK": "With no request running every block is free; admission fails only when blocks really are too few.",
     "ATOMIC_REJECT": "A misuse is rejected with a documented error and leaves the observed state unchanged.",
     "NO_CRASH": "A valid operation never raises.",
@@ -62,8 +63,8 @@ def title(invariant: str) -> str:
 
 PRIORITY = [
     "NO_HANG", "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "COPY_ON_WRITE", "I1", "HIT_AGREEMENT", "WINDOW", "SLOTS",
-    "HASH_CHAIN", "MAX_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER", "KV_INTEGRITY",
-    "PRIORITY",
+    "HASH_CHAIN", "MAX_HIT", "MIN_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER",
+    "KV_INTEGRITY", "PRIORITY",
 ]
 
 
@@ -496,7 +497,8 @@ def kv_integrity(ctx: StepContext) -> list[Violation]:
 
 from kvspec.spec import group_checks as _group_checks  # noqa: E402  (its checks join CHECKS)
 
-for _fn in (_group_checks.hit_content, _group_checks.hit_agreement, _group_checks.window, _group_checks.slots):
+for _fn in (_group_checks.hit_content, _group_checks.hit_agreement, _group_checks.window, _group_checks.slots,
+            _group_checks.min_hit):
     check(_fn)
 
 

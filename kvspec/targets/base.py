@@ -57,7 +57,8 @@ class Traits:
     cache_missing: frozenset[str] = frozenset()
     # KV-cache group kinds beyond full, swa and chunked that the target builds (vLLM's
     # "compressed", DeepSeek-V4's compressed MLA spec, where the release has it): such a
-    # kind is drawn or accepted by --kv-groups only where declared (stateful.cache.OPT_IN_KINDS).
+    # kind is drawn or accepted by --kv-groups only where declared (stateful.cache.OPT_IN_KINDS);
+    # "eagle" there: the target takes Config.use_eagle (vLLM: KVCacheManager(use_eagle=...)).
     cache_kinds: frozenset[str] = frozenset()
     # Smallest block size the target supports (nano-vllm detects a block boundary
     # with ``len(seq) % block_size == 1``, which never fires for block size 1).

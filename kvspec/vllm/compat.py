@@ -190,7 +190,8 @@ class Api:
 
 # The cache-level features a release may lack (the groups driver's vocabulary; the cache
 # machine draws none of those a target declares missing: Traits.cache_missing).
-FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm", "three_kinds", "compressed")
+FEATURES = ("groups", "swa", "chunked", "external", "drafts", "lora", "salt", "mm", "three_kinds", "compressed",
+            "eagle")
 # --kv-groups kind -> the release's spec class for it
 SPEC_CLASSES = {"full": "FullAttentionSpec", "swa": "SlidingWindowSpec", "chunked": "ChunkedLocalAttentionSpec",
                 "compressed": "MLAAttentionSpec"}
@@ -213,6 +214,7 @@ class CacheApi:
     mm_layout: str              # "features" (mm_features) / "hashes" (multi_modal_hashes+placeholders) / ""
     hit_values: int             # what get_computed_blocks returns: 2 or 3 values
     three_kinds: bool = True    # the coordinator takes groups of three kinds (full, swa, chunked) at once
+    eagle: bool = False         # KVCacheManager(use_eagle=...): prefix hits drop EAGLE's last matched block
 
     @property
     def missing(self) -> frozenset:
@@ -226,6 +228,8 @@ class CacheApi:
             have.add("external")
         if self.several_groups and self.three_kinds:
             have.add("three_kinds")
+        if self.eagle:
+            have.add("eagle")
         return frozenset(f for f in FEATURES if f not in have)
 
 
@@ -260,7 +264,8 @@ def cache_api(up: Api) -> Optional[CacheApi]:
                     external=_takes(cls, "allocate_slots", "num_external_computed_tokens"),
                     draft_arg=_takes(cls, "allocate_slots", "num_draft_tokens"),
                     extra=frozenset(extra), mm_layout=layout, hit_values=3 if three else 2,
-                    three_kinds=several and {"swa", "chunked"} <= kinds and _takes_three_kinds(up))
+                    three_kinds=several and {"swa", "chunked"} <= kinds and _takes_three_kinds(up),
+                    eagle="use_eagle" in params(cls))
 
 
 def _fields(cls: type) -> frozenset:

@@ -91,14 +91,15 @@ def build_kv_cache_config(spec: str, num_blocks: int, block_size: int, iface: Op
 
 
 def build_manager(manager_mod: Any, kv_config: Any, block_size: int, caching: bool,
-                  max_model_len: Optional[int] = None) -> Any:
+                  max_model_len: Optional[int] = None, use_eagle: bool = False) -> Any:
     """``KVCacheManager`` over ``kv_config``, hashing at the one block size all groups share
-    (the block-size arguments are passed where the release takes them)."""
+    (the block-size arguments are passed where the release takes them); ``use_eagle``: an
+    EAGLE/MTP drafter, every group flagged (no group is marked ``is_eagle_group``)."""
     groups = len(kv_config.kv_cache_groups)
     try:
         return compat.call(manager_mod.KVCacheManager, "KVCacheManager()", dict(
             kv_cache_config=kv_config, max_model_len=max_model_len or UNCAPPED, scheduler_block_size=block_size,
-            hash_block_size=block_size, enable_caching=caching, caching_hash_algo="sha256"))
+            hash_block_size=block_size, enable_caching=caching, caching_hash_algo="sha256", use_eagle=use_eagle))
     except (AssertionError, ValueError, NotImplementedError) as e:  # its own refusal of the group set
         raise TargetError(f"vllm: this KVCacheManager refuses {groups} KV-cache group(s): {e}") from None
 
@@ -166,7 +167,10 @@ class VllmGroupsCacheDriver(Driver):
         self.max_len = getattr(config, "max_model_len", None)
         kv_config = build_kv_cache_config(getattr(config, "kv_groups", "full") or "full", config.num_blocks,
                                           config.block_size, up.interface)
-        self.mgr = build_manager(up.manager, kv_config, config.block_size, config.caching, self.max_len)
+        eagle = bool(getattr(config, "use_eagle", False))
+        if eagle and not api.eagle:
+            raise TargetError("vllm: this KVCacheManager takes no use_eagle")
+        self.mgr = build_manager(up.manager, kv_config, config.block_size, config.caching, self.max_len, eagle)
         guard_counts(self.mgr.block_pool)
         self.num_groups = len(kv_config.kv_cache_groups)
         self.hasher = up.request_hasher(config.block_size)   # None: the manager hashes requests itself

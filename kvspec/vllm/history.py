@@ -161,6 +161,16 @@ KNOWN_CHANGES = (
            "the same (H9): the untrimmed group's manager asks BlockPool.get_new_blocks for a negative count "
            "(connector tokens), which the pool takes unchecked; fixed in 0.29.0 (read)",
            level="cache", message=r"negative count"),
+    Change("0.10.0", "0.20.0", "MIN_HIT", True,
+           "EAGLE's \"drop the last matched block\" applied more than once per candidate hit in a hybrid "
+           "(reports/vllm-history.md H10): the other groups are looked up at the full group's already-dropped "
+           "length and drop again (one block lost: 0.10.0-0.13.0, and the \"simple hybrid\" of 0.16.0-0.19.1, "
+           "read), and the fixed-point loop (vllm-project/vllm#31707) re-applies it on every retry pass (issue "
+           "#32802's spiral, down to 0: 0.14.0-0.15.x, and hybrids of three groups or more to 0.19.1, read); "
+           "fixed in 0.20.0, which looks one block further for an EAGLE group and drops at most once per "
+           "candidate (eagle_verified, read; #39171 and #33270 closed unmerged, the PR that landed it not "
+           "established)",
+           level="cache", message=r"EAGLE"),
 )
 
 

@@ -201,7 +201,12 @@ class VllmTarget(Target):
                                                misuse_error_map=(("over_alloc", ValueError),),
                                                documented_noops=frozenset(noops), cache_features=self.groups,
                                                cache_missing=missing,
-                                               cache_kinds=self.cache_api.kinds if self.groups else frozenset()))
+                                               cache_kinds=self._opt_in() if self.groups else frozenset()))
+
+    def _opt_in(self) -> frozenset:
+        """The opt-in cache features this release has (``stateful.cache.OPT_IN_KINDS``): its
+        group kinds, and ``eagle`` where its KVCacheManager takes ``use_eagle``."""
+        return self.cache_api.kinds | ({"eagle"} if self.cache_api.eagle else frozenset())
 
     def driver(self, config: Config) -> Driver:
         if config.level != "cache":

@@ -129,6 +129,27 @@ def agreed_hit(groups: list[Group], cached_in: Callable[[int], Cached], max_len:
         cur = x
 
 
+def eagle_hit(groups: list[Group], cached_in: Callable[[int], Cached], max_len: int, bs: int) -> int:
+    """The hit every group serves under EAGLE/MTP: the longest ``L`` that every group
+    accepts (as ``agreed_hit`` reads it) and whose next block, the one EAGLE matches and
+    drops so that the drafter recomputes it, is cached in every group and within
+    ``max_len`` (a full group keeps L/bs+1 blocks from 0, a window group its window
+    before L plus block L/bs: the one extra contiguous block). The drop is applied once
+    per candidate: a lookup that drops it again on a retry pass loses a hit this proves
+    available (H10 of reports/vllm-history.md). Chunked local groups take no EAGLE drop
+    (vLLM asserts it), so they are not described here."""
+    for k in range(max(max_len, 0) // bs - 1, 0, -1):
+        hit = k * bs
+        if all(cached_in(g)(k) and group_hit(grp, cached_in(g), hit, bs) == hit for g, grp in enumerate(groups)):
+            return hit
+    return 0
+
+
+def accepted(groups: list[Group], cached_in: Callable[[int], Cached], hit: int, bs: int) -> bool:
+    """Whether every group accepts a ``hit``-token prefix hit (block-aligned)."""
+    return hit % bs == 0 and all(group_hit(g, cached_in(gi), hit, bs) == hit for gi, g in enumerate(groups))
+
+
 # -- extra keys -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Extra:

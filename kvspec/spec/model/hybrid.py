@@ -17,7 +17,7 @@ from typing import Hashable, Optional
 
 from kvspec.spec.config import Config
 from kvspec.spec.model.cache import CacheModel, ReqModel
-from kvspec.spec.model.groups import Extra, agreed_hit, cdiv, needed_blocks, parse_extra, parse_groups
+from kvspec.spec.model.groups import Extra, accepted, agreed_hit, cdiv, eagle_hit, needed_blocks, parse_extra, parse_groups
 from kvspec.spec.ops import Admit, Op, Prefill, Step, Verify
 
 
@@ -40,6 +40,16 @@ class GroupCacheModel(CacheModel):
         mml = getattr(config, "max_model_len", None)
         self.max_len: Optional[int] = mml
         self.null = self.pool.null
+        self.use_eagle = bool(getattr(config, "use_eagle", False))
+        # Under EAGLE the model proves a hit available (``eagle_hit``: the floor) and
+        # bounds it (``agreed_hit``: every group accepts it). A target may take any hit
+        # up to the bound that every group accepts (vLLM 0.33.0 looks one block further
+        # than 0.20.0 on a block-aligned prompt): the session hands the model the target's
+        # result (``target_result``) and the model follows it when it is such a hit, so
+        # that its tables stay the target's. ``hit_floor``: the floor of the last
+        # admission (None when the model states none), which MIN_HIT holds the target to.
+        self.target_result = None
+        self.hit_floor: Optional[int] = None
 
     # -- what may run next (for the machines) -----------------------------------------
     def steppable(self) -> list[str]:
@@ -130,6 +140,18 @@ class GroupCacheModel(CacheModel):
     def _admit_g(self, q: GroupReq, chunk: Optional[int], external: int) -> Optional[int]:
         bs, n = self.bs, len(q.tokens)
         hit = agreed_hit(self.groups, self._cached_in(q), n - 1, bs) if self.caching else 0
+        self.hit_floor = None
+        if self.use_eagle and self.caching:
+            floor = eagle_hit(self.groups, self._cached_in(q), n - 1, bs)
+            r = self.target_result
+            took = r if isinstance(r, int) and not isinstance(r, bool) else None
+            if took is not None and took <= hit and accepted(self.groups, self._cached_in(q), took, bs):
+                # a hit every group serves: the target's choice, followed so that the tables
+                # stay comparable (one below the floor is MIN_HIT's alone to report)
+                hit = took
+            elif took is None or took < hit:
+                hit = floor          # refused, or a hit no group layout explains: the model's own
+            self.hit_floor = floor
         hits = []
         for g, grp in enumerate(self.groups):
             need = needed_blocks(grp, hit, bs)
