@@ -37,6 +37,35 @@ HYBRID_SPECS = tuple(s for s in GROUP_SPECS if s != "full")
 OPT_IN_KINDS = frozenset({"compressed", "eagle"})
 
 
+# ``--kv-groups with:KIND``: every example draws its layout among the machine's own
+# layouts that have a group of that kind (plain examples included), where a pinned spec
+# would test one layout and the drawn ones test it in a few examples of a hundred. The
+# release sweep gives each opt-in kind a release has such a pass (tools/vllm_releases.py).
+FAMILY = "with:"
+
+
+def layout_family(kv_groups: Optional[str]) -> Optional[str]:
+    """The group kind of a ``with:KIND`` option, or None for a pinned or drawn layout."""
+    return kv_groups[len(FAMILY):] if kv_groups and kv_groups.startswith(FAMILY) else None
+
+
+def family_layouts(kind: str, missing: frozenset) -> tuple[str, ...]:
+    """The layouts a target lacking ``missing`` can take that have a ``kind`` group, each once."""
+    specs = dict.fromkeys(s for s in drawable(missing)[0] if kind in _kinds_of(s))
+    return tuple(specs)
+
+
+def _kinds_of(spec: str) -> set:
+    return {p.partition(":")[0] for p in spec.split(",")}
+
+
+def new_group_kinds(traits) -> frozenset:
+    """The opt-in KV-cache group kinds (``OPT_IN_KINDS`` that are layout kinds) a target
+    declares it builds: each gets a ``with:KIND`` pass in the release sweep."""
+    layout_kinds = {k for s in GROUP_SPECS for k in _kinds_of(s)}
+    return frozenset(getattr(traits, "cache_kinds", frozenset())) & OPT_IN_KINDS & layout_kinds
+
+
 def missing_kinds(traits) -> frozenset:
     """The features a target lacks, as the machine reads them: its declared
     ``cache_missing`` and every opt-in group kind it does not declare in ``cache_kinds``."""
@@ -163,9 +192,13 @@ class CacheMachine(KVMachine):
         if self.features:
             self.enabled = self.draw_enabled(data)
             spec = "full"
-            if "groups" in self.enabled:
+            family = layout_family(self.kv_groups)
+            if family:
+                spec = whole_block_chunks(data.draw(st.sampled_from(family_layouts(family, self._missing)),
+                                                    label="kv_groups"), bs)
+            elif "groups" in self.enabled:
                 spec = whole_block_chunks(data.draw(st.sampled_from(self._drawable[0]), label="kv_groups"), bs)
-            extra["kv_groups"] = self.kv_groups or spec
+            extra["kv_groups"] = spec if family else self.kv_groups or spec
             extra["max_model_len"] = (data.draw(_MAX_MODEL_LEN, label="max_model_len")
                                       if "max_model_len" in self.enabled else None)
             self.identities = (data.draw(st.sampled_from(self._drawable[1]), label="identity pair")
@@ -190,7 +223,7 @@ class CacheMachine(KVMachine):
         return len(kinds) > 1 and "chunked" not in kinds
 
     # -- KV-cache groups, chunked prefill, drafts, extra keys, connector tokens ----------
-    kv_groups: Optional[str] = None   # pinned by --kv-groups; None: drawn where the target supports groups
+    kv_groups: Optional[str] = None   # pinned by --kv-groups (or a with:KIND family); None: drawn where supported
     identities: Optional[tuple[str, str]] = None   # this example's identity pair (feature "extra")
 
     @property

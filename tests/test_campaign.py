@@ -536,18 +536,22 @@ def test_the_release_sweep_as_a_campaign_file_has_one_job_per_release_and_pass(t
     spec.loader.exec_module(vr)
     versions = ["0.8.0", "0.27.0", "0.33.0"]
     engines = {"0.8.0": False, "0.27.0": True, "0.33.0": True}   # as the probe would say
-    f = write(tmp_path, vr.campaign_toml(versions, 50, tmp_path / "cache", engines=engines, engine_examples=7))
+    kinds = {"0.8.0": [], "0.27.0": ["compressed"], "0.33.0": ["compressed"]}
+    f = write(tmp_path, vr.campaign_toml(versions, 50, tmp_path / "cache", engines=engines, engine_examples=7,
+                                         kinds=kinds))
     jobs = load_campaign(f).jobs
-    want = [(v, pol, level) for v in versions for _, pol, level in vr.passes_for(v, engines[v])]
+    want = [(v, p.policies, p.level, p.kv_groups) for v in versions for p in vr.passes_for(v, engines[v], kinds[v])]
     assert len(jobs) == len(want) > len(versions)  # 0.8.0 has its time's policies too
-    assert [lv for _, _, lv in want].count("engine") == 2   # an engine pass where the engine builds
-    for job, (v, pol, level) in zip(jobs, want):  # in order, as run_campaign reads them back
+    assert [w[2] for w in want].count("engine") == 2   # an engine pass where the engine builds
+    assert [w[3] for w in want].count("with:compressed") == 2   # a pass per opt-in group kind
+    for job, (v, pol, level, kv_groups) in zip(jobs, want):  # in order, as run_campaign reads them back
         assert job.pythonpath[0] == str(tmp_path / "cache" / v)
         assert job.env.get("KVSPEC_VLLM_POLICIES", "") == pol
         argv = job.argv()
         assert argv[:1] == ["check"] and "vllm" in argv
         assert argv[argv.index("--level") + 1] == level
         assert argv[argv.index("--max-examples") + 1] == ("7" if level == "engine" else "50")
+        assert (argv[argv.index("--kv-groups") + 1] if "--kv-groups" in argv else "") == kv_groups
 
 
 def test_the_driver_counts_its_own_job_as_running_while_ray_starts(monkeypatch):

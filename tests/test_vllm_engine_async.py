@@ -112,7 +112,7 @@ def _on_release(version: str, cases: list, steps: str) -> dict:
     if missing:
         pytest.skip(f"vLLM {version} extra deps not installed: {', '.join(missing)}")
     code = REPLAY.replace("CASES", repr(cases)).replace("STEPS", steps)
-    policies = [p for _, p, level in vllm_releases.passes_for(version, engine=True) if level == "engine"][0]
+    policies = [p.policies for p in vllm_releases.passes_for(version, engine=True) if p.level == "engine"][0]
     r = subprocess.run([sys.executable, "-c", code], env=vllm_releases.env_for(version, policies=policies),
                        capture_output=True,
                        text=True, cwd=tempfile.gettempdir(), timeout=900)   # a loaded box: the import alone takes minutes

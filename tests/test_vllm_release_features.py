@@ -126,11 +126,17 @@ def test_the_sweep_adds_an_engine_pass_where_the_engine_builds():
     for version in ("0.8.0", "0.14.0", "0.27.0", "0.33.0"):
         without = vr.passes_for(version)
         with_engine = vr.passes_for(version, engine=True)
-        assert with_engine[:-1] == without and all(level == "all" for _, _, level in without)
-        name, pol, level = with_engine[-1]
-        assert (name, level) == (vr.ENGINE_PASS, "engine")
-        both = [p for n, p, _ in without if n.endswith("caching both")]
-        assert pol == (both[0] if both else without[-1][1] if len(without) > 1 else "")
+        assert with_engine[:-1] == without and all(p.level == "all" and not p.kv_groups for p in without)
+        name, pol, level, kv_groups = with_engine[-1]
+        assert (name, level, kv_groups) == (vr.ENGINE_PASS, "engine", "")
+        both = [p.policies for p in without if p.name.endswith("caching both")]
+        assert pol == (both[0] if both else without[-1].policies if len(without) > 1 else "")
+        # an opt-in group kind the probe found: one cache pass drawing the layouts with it,
+        # under the engine pass's policy, before the engine pass
+        with_kind = vr.passes_for(version, engine=True, kinds=["compressed"])
+        assert with_kind[:-2] == without and with_kind[-1] == with_engine[-1]
+        assert with_kind[-2][2:] == ("cache", "with:compressed") and with_kind[-2].policies == pol
+    assert vr.group_kinds({"new_group_kinds": ["compressed"]}) == ["compressed"] and vr.group_kinds({}) == []
     assert vr.engine_ok({"engine": "yes"}) and not vr.engine_ok({"engine": "no: x"}) and not vr.engine_ok({})
 
 

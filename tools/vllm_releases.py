@@ -38,7 +38,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout without installing
 from kvspec.vllm.history import (KNOWN_CHANGES, POLICY_HISTORY, annotate, attribute, in_range,  # noqa: E402,F401
@@ -167,24 +167,39 @@ ENGINE_PASS = "engine level"
 ENGINE_EXAMPLES = 150
 
 
-def passes_for(version: str, engine: bool = False) -> list[tuple[str, str, str]]:
-    """(name, KVSPEC_VLLM_POLICIES, level) of each check pass: vLLM's current policy, then,
-    where the release predates it, the policy of its time, per caching mode (pool and cache
-    levels: ``all``); then, where the release's Scheduler builds on the CPU (``engine``,
-    from the probe), the engine level under the policy of its time."""
-    out = [("current policy", "", "all")]
+class Pass(NamedTuple):
+    """One check pass of a release: its name, its KVSPEC_VLLM_POLICIES, the level, and
+    ``--kv-groups`` where the pass draws a family of layouts (``with:KIND``)."""
+    name: str
+    policies: str
+    level: str
+    kv_groups: str = ""
+
+
+def passes_for(version: str, engine: bool = False, kinds: Iterable[str] = ()) -> list[Pass]:
+    """Each check pass: vLLM's current policy, then, where the release predates it, the
+    policy of its time, per caching mode (pool and cache levels: ``all``); then, for each
+    opt-in group kind the release has (``kinds``, from the probe: compressed, from 0.20.0), a
+    cache pass that draws only the layouts with such a group, since a release's newest code
+    is where its new bugs live and the drawn layouts give it a few examples in a hundred;
+    then, where the release's Scheduler builds on the CPU (``engine``, from the probe), the
+    engine level under the policy of its time."""
+    out = [Pass("current policy", "", "all")]
     old = [(decl, why) for first, until, decl, why in POLICY_HISTORY if in_range(version, first, until)]
     on = [d for d, _ in old if "fifo" not in d]
     if old and len(on) == len(old):  # one declaration covers both caching modes
-        out.append(("its time's policy, caching both", ";".join(on), "all"))
+        out.append(Pass("its time's policy, caching both", ";".join(on), "all"))
     elif old:
-        out.append(("its time's policy, caching on", ";".join(['prefix_caching="on"', *on]), "all"))
-        out.append(("its time's policy, caching off", ";".join(['prefix_caching="off"', *(d for d, _ in old)]), "all"))
+        out.append(Pass("its time's policy, caching on", ";".join(['prefix_caching="on"', *on]), "all"))
+        out.append(Pass("its time's policy, caching off", ";".join(['prefix_caching="off"', *(d for d, _ in old)]), "all"))
+    # the policy of its time under which caching is drawn per example (vLLM's current one
+    # where the release predates none)
+    both = [p.policies for p in out if p.name == "its time's policy, caching both"]
+    drawn = both[0] if both else ("" if not old else out[-1].policies)
+    for kind in sorted(kinds):
+        out.append(Pass(f"layouts with a {kind} group", drawn, "cache", f"with:{kind}"))
     if engine:
-        # one engine pass, caching drawn per example: under the one declaration that covers
-        # both modes, or vLLM's current policy where the release predates none
-        both = [p for n, p, _ in out if n == "its time's policy, caching both"]
-        out.append((ENGINE_PASS, both[0] if both else ("" if not old else out[-1][1]), "engine"))
+        out.append(Pass(ENGINE_PASS, drawn, "engine"))
     return out
 
 
@@ -193,12 +208,19 @@ def engine_ok(features: dict) -> bool:
     return features.get("engine") == "yes"
 
 
+def group_kinds(features: dict) -> list[str]:
+    """The opt-in KV-cache group kinds the probe found in this release (none in a probe
+    written before the field existed)."""
+    return list(features.get("new_group_kinds") or [])
+
+
 # -- running one release ------------------------------------------------------------------
 PROBE = r"""
 import json, sys, inspect
 import vllm
 from kvspec.vllm.target import VllmTarget
 from kvspec.vllm import compat as c
+from kvspec.stateful.cache import new_group_kinds
 t = VllmTarget()
 up = t.up
 bp = up.block_pool.BlockPool
@@ -234,6 +256,7 @@ print(json.dumps({
     "Request": str(inspect.signature(up.request.Request.__init__)),
     "free_queue": "sentinels" if hasattr(queue, "fake_free_list_head") else "open list",
     "cache_missing": sorted(api.missing) if api is not None else None, "engine": engine,
+    "new_group_kinds": sorted(new_group_kinds(t.traits)),
 }))
 """
 
@@ -264,9 +287,12 @@ def probe(version: str, cache: Path = CACHE) -> dict:
     return got
 
 
-def check(version: str, policies: str, max_examples: int, cache: Path = CACHE, level: str = "all") -> dict:
+def check(version: str, policies: str, max_examples: int, cache: Path = CACHE, level: str = "all",
+          kv_groups: str = "") -> dict:
+    where = level + (f"-{kv_groups.replace(':', '-')}" if kv_groups else "")
     cmd = ["kvspec", "check", "--target", "vllm", "--level", level, "--max-examples", str(max_examples),
-           "--seed", "0", "--whole-budget", "--json", "--report-dir", str(cache / "_repros" / version / level)]
+           "--seed", "0", "--whole-budget", "--json", "--report-dir", str(cache / "_repros" / version / where)]
+    cmd += ["--kv-groups", kv_groups] if kv_groups else []
     t0 = time.time()
     r = subprocess.run(cmd, env=env_for(version, cache, policies), capture_output=True, text=True,
                        cwd=tempfile.gettempdir())
@@ -289,8 +315,8 @@ def run_release(version: str, max_examples: int, cache: Path = CACHE, engine: bo
         row.update(drivable=False, reason=feats["error"])
         return row
     row.update(drivable=True, features=feats, passes=[])
-    for name, pol, level in passes_for(version, engine_ok(feats) and engine):
-        res = check(version, pol, max_examples if level != "engine" else engine_examples, cache, level)
+    for name, pol, level, kv_groups in passes_for(version, engine_ok(feats) and engine, group_kinds(feats)):
+        res = check(version, pol, max_examples if level != "engine" else engine_examples, cache, level, kv_groups)
         annotate(version, res, pol)
         row["passes"].append({"name": name, "policies": pol, **res})
     return row
@@ -302,18 +328,21 @@ def _toml_str(x: str) -> str:
 
 
 def campaign_toml(versions: list[str], max_examples: int, cache: Path = CACHE, root: str = str(ROOT),
-                  engines: Optional[dict[str, bool]] = None, engine_examples: int = 0) -> str:
+                  engines: Optional[dict[str, bool]] = None, engine_examples: int = 0,
+                  kinds: Optional[dict[str, list[str]]] = None) -> str:
     """One [[matrix]] table (one job) per release and pass, in order: the same
     ``kvspec check`` as ``check()`` runs, with the release's tree first on its path
-    (``engines``: the releases whose engine level runs, from the probe)."""
+    (``engines``: the releases whose engine level runs, ``kinds``: their opt-in group
+    kinds, both from the probe)."""
     lines = ["# generated by tools/vllm_releases.py --write-campaign: one job per release and pass",
              "[campaign]", 'name = "vllm-releases"', ""]
     for v in versions:
-        for name, pol, level in passes_for(v, bool((engines or {}).get(v))):
+        for name, pol, level, kv_groups in passes_for(v, bool((engines or {}).get(v)), (kinds or {}).get(v, ())):
             path = [str(tree(v, cache)), *deps_path(v, cache), root]
             n = engine_examples or max_examples if level == "engine" else max_examples
             lines += ["[[matrix]]", 'command = "check"', 'target = "vllm"', f"level = {_toml_str(level)}",
                       f"max_examples = {n}", "seed = 0", "whole_budget = true",
+                      *([f"kv_groups = {_toml_str(kv_groups)}"] if kv_groups else []),
                       f"label = {_toml_str(f'{v}: {name}')}",
                       "pythonpath = [" + ", ".join(_toml_str(p) for p in path) + "]"]
             if pol:
@@ -345,7 +374,9 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
     results.mkdir(parents=True, exist_ok=True)
     toml = results / "vllm_releases.toml"
     engines = {r["version"]: engine and engine_ok(r["features"]) for r in rows if r["drivable"]}
-    toml.write_text(campaign_toml(driven, max_examples, cache, engines=engines, engine_examples=engine_examples))
+    kinds = {r["version"]: group_kinds(r["features"]) for r in rows if r["drivable"]}
+    toml.write_text(campaign_toml(driven, max_examples, cache, engines=engines, engine_examples=engine_examples,
+                                  kinds=kinds))
     cmd = ["kvspec", "campaign", str(toml), "--results", str(results), "--json"] + (["--address", address] if address else [])
     r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if r.returncode == 2 and not (results / "campaign.json").exists():
@@ -354,7 +385,7 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
     campaign_jobs = iter(load_campaign(toml).jobs)  # one job per table, in the order campaign_toml wrote them
     by_version = {row["version"]: row for row in rows}
     for v in driven:
-        for name, pol, _ in passes_for(v, engines[v]):
+        for name, pol, _, _ in passes_for(v, engines[v], kinds[v]):
             job = next(campaign_jobs)
             try:
                 rec = json.loads((results / "jobs" / f"{job.id}.json").read_text())
@@ -510,9 +541,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             if (ROOT / "reports" / "vllm-releases.json").exists() else {"releases": []}
         engines = {r["version"]: not args.no_engine and engine_ok(r.get("features") or {})
                    for r in report["releases"]}   # the committed report's probes say where the engine builds
+        kinds = {r["version"]: group_kinds(r.get("features") or {}) for r in report["releases"]}
         args.write_campaign.write_text(campaign_toml(versions, args.max_examples, cache, rel_root, engines,
-                                                     args.engine_examples))
-        print(f"wrote {args.write_campaign}: {sum(len(passes_for(v, engines.get(v, False))) for v in versions)} jobs")
+                                                     args.engine_examples, kinds))
+        print(f"wrote {args.write_campaign}: "
+              f"{sum(len(passes_for(v, engines.get(v, False), kinds.get(v, ()))) for v in versions)} jobs")
         return 0
     install_deps(args.cache)
     from concurrent.futures import ThreadPoolExecutor

@@ -27,13 +27,20 @@ def check_kv_groups(spec, target) -> "str | None":
         return None
     from kvspec.errors import TargetError
     from kvspec.spec.model.groups import canonical_groups
+    from kvspec.stateful.cache import family_layouts, layout_family, missing_kinds
+    kind = layout_family(spec)
+    if kind is not None:   # with:KIND, the layouts that have a KIND group, drawn per example
+        if not getattr(target.traits, "cache_features", False):
+            raise TargetError(f"target {target.name} does not support KV-cache groups (--kv-groups {spec})")
+        if not family_layouts(kind, missing_kinds(target.traits)):
+            raise TargetError(f"target {target.name}: no layout it builds has a {kind!r} group (--kv-groups {spec})")
+        return spec
     try:
         canonical = canonical_groups(spec)
     except ValueError as e:
         raise UsageError(f"--kv-groups: {e}") from None
     if canonical != "full" and not getattr(target.traits, "cache_features", False):
         raise TargetError(f"target {target.name} does not support KV-cache groups (--kv-groups {spec})")
-    from kvspec.stateful.cache import missing_kinds
     lacks = sorted({g.partition(":")[0] for g in canonical.split(",")} & missing_kinds(target.traits)
                    - {"full", "swa", "chunked"})
     if lacks:

@@ -191,6 +191,8 @@ def not_exercised(target: Target, levels: list[str], kv_groups: Optional[str]) -
         # the engine level's own SLOTS check (kvspec.engine.checks) runs on any target it drives
         for inv in ("HIT_AGREEMENT", "WINDOW") + (() if "engine" in levels else ("SLOTS",)):
             out[inv] = groups_why
+    elif kv_groups is not None and kv_groups.startswith("with:"):
+        pass   # a family of layouts drawn per example (stateful.cache.FAMILY), several groups in each
     elif kv_groups is not None or levels == ["engine"]:  # pinned by --kv-groups (the engine level: full unless
         kv_groups = kv_groups or "full"                  # given); None: drawn per example, several among them
         from kvspec.spec.model.groups import parse_groups
@@ -242,6 +244,10 @@ def _machine(target: Target, level: str, misuse: bool, sink: Callable, kv_groups
     from kvspec.stateful import cache_machine, pool_machine
     if level == "engine":
         from kvspec.engine.machine import engine_machine
+        if kv_groups is not None and kv_groups.startswith("with:"):
+            from kvspec.errors import UsageError
+            raise UsageError(f"--kv-groups {kv_groups}: a family of layouts is drawn at the cache level; "
+                             "the engine level takes one layout (e.g. --kv-groups full,swa:4)")
         return engine_machine(target, misuse=misuse, on_robustness=sink, kv_groups=kv_groups)
     if level == "cache":
         return cache_machine(target, misuse=misuse, on_robustness=sink, kv_groups=kv_groups)
