@@ -114,8 +114,9 @@ def test_the_connector_serves_its_prefixes_and_the_model_follows():
     # with its own KV (draft model, EAGLE) asks for them (found at example 33 at seed 0)
     ("lookahead_not_reserved.diff", "lookahead:draft_model", ("SLOTS",), ("lookahead slots for the drafter",), 0, 60),
     # preemption under the priority policy ignores the priority: only the priority policy
-    # runs that branch (found at example 37 at seed 0)
-    ("priority_ignored_on_preempt.diff", "priority", ("PRIORITY",), ("the priority policy preempts",), 0, 80),
+    # runs that branch (found at example 37 at seed 0; at 165 since streaming examples are three
+    # in four of those without a step in flight, which leaves fewer priority examples that preempt)
+    ("priority_ignored_on_preempt.diff", "priority", ("PRIORITY",), ("the priority policy preempts",), 0, 180),
     # reset_prefix_cache(reset_running_requests=True) preempts one running request, not all:
     # vLLM's own RuntimeError fires (found at example 58 at seed 0)
     ("reset_preempts_one.diff", "reset_preempt", ("NO_CRASH",), ("Failed to reset KV cache",), 0, 100),
@@ -127,9 +128,10 @@ def test_the_connector_serves_its_prefixes_and_the_model_follows():
     # the scheduler admits a request without telling the manager about the connector's tokens:
     # only a connector supplies them (found at example 51 at seed 1; 99 at seed 0; since the
     # asynchronous loads are drawn, at example 12 of seed 1 as the manager's own refusal of the
-    # zero-token allocation the scheduler passes it: NO_CRASH, a caller bug)
+    # zero-token allocation the scheduler passes it: NO_CRASH, a caller bug; since streaming
+    # examples are three in four of those without a step in flight: SLOTS at example 189 of seed 1)
     ("connector_tokens_unallocated.diff", "connector", ("SLOTS", "NO_CRASH"),
-     ("have a slot in its table", "a caller bug"), 1, 80),
+     ("have a slot in its table", "a caller bug"), 1, 200),
 ])
 def test_a_bug_only_the_new_input_reaches_is_found(diff, feature, invariants, words, seed, bound, tmp_path):
     _need(feature)

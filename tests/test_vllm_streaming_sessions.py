@@ -101,6 +101,60 @@ def test_a_streaming_update_keeps_a_stale_block_hash_on_0_22_0():
     assert got["same"] is None, got["same"]   # resending what the block holds is a correct hit
 
 
+# What the release sweep's engine pass found on 0.31.0 at its defaults (example 56 of seed 0,
+# `tools/vllm_releases.py`): the session's turn ends on (23, 13, 12, 22, 4, 3, 3, 3); r2, a
+# client that resent it, caches block [4, 3, 3, 3]; the session's next input keeps the turn
+# but its last token and appends (1, 2, ...), so position 7 is now 1, but the session keeps
+# the hash of [4, 3, 3, 3]; in a pool of 7 blocks it is preempted, and its re-admission looks
+# that stale hash up and takes r2's block as its own position 7
+FOUND_031 = ("[Arrive('r1', (23, 13, 12, 22), 4, session=True), EngineStep(token=4), "
+             "EngineStep(token=3, drafts=2, accepted=1), EngineStep(token=3, drafts=2), "
+             "Arrive('r2', (23, 13, 12, 22, 4, 3, 3, 3, 21), 3), EngineStep(token=3), "
+             "StreamInput('r1', (1, 2, 4, 23, 4), 4), EngineStep(drafts=2, accepted=2), EngineStep(drafts=2), "
+             "EngineStep(drafts=2, accepted=1)]")
+FOUND_031_CONFIG = dict(level="engine", num_blocks=7, block_size=4, caching=True, kv_groups="full",
+                        spec_tokens=2, spec_method="draft_model", connector="async;1,2,3,4")
+# the same steps with the n-gram drafter and no connector (0.22.0 has no draft-model drafter);
+# in a pool of 12 blocks nothing is preempted, and the session never looks the stale hash up
+FOUND_NGRAM = dict(FOUND_031_CONFIG, spec_method="ngram", connector=None)
+ROOMY = dict(FOUND_NGRAM, num_blocks=12)
+
+
+def _read_own_stale_block(got, name: str) -> None:
+    assert got[name] is not None, f"{name}: passed (the session never read the block its stale hash names)"
+    index, invariant, message = got[name]
+    assert (index, invariant) == (9, "KV_INTEGRITY"), got[name]
+    assert "r1 reads token 7" in message and "[23, 13, 12, 22, 4, 3, 3, 3]" in message, message
+
+
+@pytest.mark.slow
+def test_the_sweeps_finding_replays_on_0_31_0():
+    got = replay_on("0.31.0", f"[('found', {FOUND_031_CONFIG!r}, {FOUND_031})]")
+    assert "lookahead:draft_model" in got["features"], got["features"]
+    _read_own_stale_block(got, "found")
+
+
+@pytest.mark.slow
+def test_the_sweeps_finding_replays_on_0_22_0():
+    got = replay_on("0.22.0", f"[('found', {FOUND_NGRAM!r}, {FOUND_031}), ('roomy', {ROOMY!r}, {FOUND_031})]",
+                    OLD_POLICY)
+    assert "streaming" in got["features"], got["features"]
+    _read_own_stale_block(got, "found")
+    assert got["roomy"] is None, got["roomy"]   # no preemption: the stale hash is never looked up
+
+
+@pytest.mark.upstream
+def test_installed_vllm_keeps_no_stale_hash_across_a_preemption():
+    pytest.importorskip("vllm")
+    from kvspec.check.replay import replay_outcome
+    from kvspec.spec.ops import Arrive, EngineStep, StreamInput  # noqa: F401 (the steps' names)
+    from kvspec.vllm.inputs import features
+    if "streaming" not in features():
+        pytest.skip("the installed vLLM has no streaming input sessions")
+    out = replay_outcome("vllm", FOUND_NGRAM, eval(FOUND_031), op_timeout=60.0)
+    assert not out.failed, out.violations[0].message
+
+
 @pytest.mark.upstream
 def test_installed_vllm_drops_the_stale_hash():
     pytest.importorskip("vllm")

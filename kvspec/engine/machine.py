@@ -228,6 +228,10 @@ class SpecEngineMachine(EngineMachine):
                                 accepted=data.draw(_accepted(self.spec), label="accepted")))
 
 
+STREAMING = st.sampled_from((False, True, True, True))   # streaming examples, where the release has them
+SAME_CLIENT = st.sampled_from((False, True, True, True))   # a follow-up turn keeps its conversation's extras
+
+
 class InputsEngineMachine(SpecEngineMachine):
     """SpecEngineMachine plus the deployment inputs of the module doc, for a release on the
     current manager API (0.9.x keeps SpecEngineMachine: its rule list, and so its examples,
@@ -240,6 +244,8 @@ class InputsEngineMachine(SpecEngineMachine):
         self.sessions: dict[str, int] = {}     # streaming session -> its tokens when its turn ends
         self.seen: dict[str, list[tuple[int, ...]]] = {}   # request -> its sequences the engine held (follow-ups)
         self.turns: list[tuple[int, ...]] = []   # each paused session's conversation as its client saw it
+        self.turn_of: dict[tuple[int, ...], str] = {}   # a turn -> its session
+        self.extra_of: dict[str, Optional[str]] = {}   # request -> the extra keys it arrived with
         from kvspec.vllm.inputs import LOOKAHEAD_DRAFTERS, features
         have = features()
         out: dict = {}
@@ -261,8 +267,11 @@ class InputsEngineMachine(SpecEngineMachine):
         if "reset" in have and data.draw(st.sampled_from((False, False, True)), label="resets"):
             self.resets = ("reset_preempt" in have)
         # streaming sessions (and follow-up prompts), drawn last so that the draws above stay as they were
-        if "streaming" in have and not out.get("async_scheduling") and data.draw(st.booleans(), label="streaming"):
-            self.streams = True   # (not with a step in flight: the engine-level KV reads need the step's tables)
+        # in three examples of four without a step in flight (the engine-level KV reads need the
+        # step's tables): a streaming example needs a session's turn, its next input, a step and
+        # a second client's prompt in one example, so few of them find what only that order shows
+        if "streaming" in have and not out.get("async_scheduling") and data.draw(STREAMING, label="streaming"):
+            self.streams = True
         # the connector only over full attention: with a sliding-window group, vLLM frees the
         # out-of-window blocks of a finished request (remove_skipped_blocks) before the connector
         # sees it, a manager call the recorder does not report yet (reports/vllm-engine-inputs.md)
@@ -304,12 +313,14 @@ class InputsEngineMachine(SpecEngineMachine):
         recent sequences, as a multi-turn client resends the conversation it saw (its last
         sampled token included), plus a new turn."""
         follow = bool(self.seen) and data.draw(st.booleans(), label="follow_up")
+        owner = None
         if follow:
             if self.turns and data.draw(st.booleans(), label="a_whole_turn"):
                 base = data.draw(st.sampled_from(self.turns[-3:]), label="resent")   # a turn as its client saw it
+                owner = self.turn_of.get(base)
             else:
-                rid = data.draw(st.sampled_from(sorted(self.seen)), label="conversation")
-                base = data.draw(st.sampled_from(self.seen[rid][-3:]), label="resent")
+                owner = data.draw(st.sampled_from(sorted(self.seen)), label="conversation")
+                base = data.draw(st.sampled_from(self.seen[owner][-3:]), label="resent")
             tail = data.draw(st.lists(st.sampled_from([t for c in _chunks() for t in c]), min_size=1,
                                       max_size=BLOCK_SIZE), label="new_turn")
             prompt = tuple(base) + tuple(tail)
@@ -321,7 +332,12 @@ class InputsEngineMachine(SpecEngineMachine):
         fits = [m for m in range(1, 5) if len(prompt) + m <= self.longest]
         edge = [m for m in fits if (len(prompt) + m) % BLOCK_SIZE == 0]
         max_tokens = data.draw(st.sampled_from(fits + edge * len(fits)), label="max_tokens")
-        extra = data.draw(st.sampled_from(self.extras()), label="extra")   # salts and adapters, as arrive draws
+        if owner is not None and data.draw(SAME_CLIENT, label="same_client"):
+            # a conversation goes on under its own adapter and salt: only then can its resent
+            # prefix hit the blocks it left (another identity must miss them, which arrive draws)
+            extra = self.extra_of.get(owner)
+        else:
+            extra = data.draw(st.sampled_from(self.extras()), label="extra")   # salts and adapters, as arrive draws
         session = not follow
         rid = f"r{len(self.arrived) + 1}"
         self.arrived.append(rid)
@@ -359,6 +375,7 @@ class InputsEngineMachine(SpecEngineMachine):
         for rid in sorted(paused()):
             if tokens.get(rid) and tokens[rid] not in self.turns:
                 self.turns.append(tokens[rid])   # the turn's last sampled token included
+                self.turn_of[tokens[rid]] = rid
             if rid in self.sessions and data.draw(st.booleans(), label="next_input"):
                 self._stream(rid, data)
 
@@ -373,6 +390,8 @@ class InputsEngineMachine(SpecEngineMachine):
         self._answer_paused(data)
 
     def run(self, op) -> None:
+        if isinstance(op, Arrive) and hasattr(self, "extra_of"):
+            self.extra_of[op.req] = op.extra
         super().run(op)
         if getattr(self, "streams", False) and isinstance(op, EngineStep) and self.session is not None:
             for rid, toks in self.session.engine.tokens().items():   # what a multi-turn client may resend:
