@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which machine: the block pool, the cache manager, the engine's own scheduler driving it "
                         "(vllm, nanovllm; not part of all), or every pool/cache level the target supports")
     c.add_argument("--misuse", action="store_true", help="mix misuse calls into the valid operations (default: off)")
-    c.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4, full,chunked:8 or (vllm 0.20 on) full,compressed:4,swa:2 (cache level; default: full, or drawn per example for targets that support groups)")
+    c.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4, full,chunked:8 or (vllm 0.20 on) full,compressed:4,swa:2, or with:KIND: every example draws one of the layouts with a KIND group (cache level; default: full, or drawn per example for targets that support groups)")
     c.add_argument("--seed", type=_int, default=0, help=SEED_HELP)
     c.add_argument("--budget", type=seconds(), default=None, metavar="S",
                    help="seconds of search (default 30); for interactive use: the verdict depends on the machine")
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--only", help="comma-separated patch ids (default: every patch of the corpus)")
     pt.add_argument("--level", choices=["all", "engine"], default="all",
                     help="all: the target's pool and cache machines; engine: the engine's own scheduler (vllm)")
-    pt.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4, full,chunked:8 or (vllm 0.20 on) full,compressed:4,swa:2 (cache level; default: full, or drawn per example for targets that support groups)")
+    pt.add_argument("--kv-groups", default=None, help="KV-cache groups sharing the pool, e.g. full,swa:4, full,chunked:8 or (vllm 0.20 on) full,compressed:4,swa:2, or with:KIND: every example draws one of the layouts with a KIND group (cache level; default: full, or drawn per example for targets that support groups)")
     pt.add_argument("--json", action="store_true", help=JSON_HELP)
     pt.add_argument("--report-dir", default=PATCHES_REPORT_DIR, metavar="DIR",
                     help="write patches.json, patches.md and patches_ttf.png here (default: kvspec-patches/ in the "

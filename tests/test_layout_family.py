@@ -49,3 +49,9 @@ def test_a_family_the_run_cannot_draw_is_one_line_and_exit_2(args, message, tmp_
     assert r.returncode == 2, r.stderr[-2000:]
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith(("INFO", "WARNING"))]
     assert len(lines) == 1 and message in lines[0], r.stderr
+
+
+def test_the_model_checker_refuses_a_family_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "kvspec", "mc", "--target", "impl", "--level", "cache",
+                        "--kv-groups", "with:swa", "--depth", "2"], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "explores one layout" in r.stderr, r.stderr

@@ -20,15 +20,19 @@ def _emit(obj: dict, as_json: bool, text: str) -> None:
         print(text)
 
 
-def check_kv_groups(spec, target) -> "str | None":
+def check_kv_groups(spec, target, family_ok: bool = True) -> "str | None":
     """``--kv-groups`` checked once, up front: a malformed spec is a usage error, and a
-    target that drives no groups is a target error (both one line, exit 2)."""
+    target that drives no groups is a target error (both one line, exit 2). A family of
+    layouts (``with:KIND``) is for a search that draws per example (``family_ok``)."""
     if spec is None:
         return None
     from kvspec.errors import TargetError
     from kvspec.spec.model.groups import canonical_groups
     from kvspec.stateful.cache import family_layouts, layout_family, missing_kinds
     kind = layout_family(spec)
+    if kind is not None and not family_ok:
+        raise UsageError(f"--kv-groups {spec}: a family of layouts is drawn per example by kvspec check; "
+                         "this command explores one layout (e.g. --kv-groups full,swa:4)")
     if kind is not None:   # with:KIND, the layouts that have a KIND group, drawn per example
         if not getattr(target.traits, "cache_features", False):
             raise TargetError(f"target {target.name} does not support KV-cache groups (--kv-groups {spec})")

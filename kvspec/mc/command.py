@@ -158,7 +158,7 @@ def cmd_mc(a: argparse.Namespace) -> int:
         a.level = _level(a, target)
         patch_text = read_patch(a.patch) if a.patch else None
         from kvspec.check.command import check_kv_groups
-        kv_groups = check_kv_groups(getattr(a, "kv_groups", None), target) or "full"
+        kv_groups = check_kv_groups(getattr(a, "kv_groups", None), target, family_ok=False) or "full"
         caching = _caching(a, target)
         mml = getattr(a, "max_model_len", None)
         if mml is not None and (mml < 1 or a.level != "cache"):
