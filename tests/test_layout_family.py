@@ -1,6 +1,5 @@
 """``--kv-groups with:KIND``: a family of layouts, each example drawing one that has a
 KIND group (the release sweep's pass per opt-in group kind, tools/vllm_releases.py)."""
-import json
 import subprocess
 import sys
 
