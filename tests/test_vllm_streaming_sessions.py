@@ -143,25 +143,23 @@ def test_the_sweeps_finding_replays_on_0_22_0():
     assert got["roomy"] is None, got["roomy"]   # no preemption: the stale hash is never looked up
 
 
-@pytest.mark.upstream
-def test_installed_vllm_keeps_no_stale_hash_across_a_preemption():
+def _replay_on_installed(config, steps: str):
     pytest.importorskip("vllm")
     from kvspec.check.replay import replay_outcome
     from kvspec.spec.ops import Arrive, EngineStep, StreamInput  # noqa: F401 (the steps' names)
     from kvspec.vllm.inputs import features
     if "streaming" not in features():
         pytest.skip("the installed vLLM has no streaming input sessions")
-    out = replay_outcome("vllm", FOUND_NGRAM, eval(FOUND_031), op_timeout=60.0)
+    return replay_outcome("vllm", config, eval(steps), op_timeout=60.0)
+
+
+@pytest.mark.upstream
+def test_installed_vllm_keeps_no_stale_hash_across_a_preemption():
+    out = _replay_on_installed(FOUND_NGRAM, FOUND_031)
     assert not out.failed, out.violations[0].message
 
 
 @pytest.mark.upstream
 def test_installed_vllm_drops_the_stale_hash():
-    pytest.importorskip("vllm")
-    from kvspec.check.replay import replay_outcome
-    from kvspec.spec.ops import Arrive, EngineStep, StreamInput  # noqa: F401 (the steps' names)
-    from kvspec.vllm.inputs import features
-    if "streaming" not in features():
-        pytest.skip("the installed vLLM has no streaming input sessions")
-    out = replay_outcome("vllm", ENGINE, eval(STALE_HASH), op_timeout=60.0)
+    out = _replay_on_installed(ENGINE, STALE_HASH)
     assert not out.failed, out.violations[0].message
