@@ -115,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "while fruitful (up to twice the examples at which the latest finding was made, as "
                         "Hypothesis does with several bugs) and within --max-examples or --budget, counted over "
                         "the whole run; 1: stop at the first (default: 5, kvspec.check.search.MAX_FINDINGS)")
+    c.add_argument("--minimize", choices=("full", "ddmin"), default="full",
+                   help="how each finding is cut down: full (ddmin, then a bounded BFS that proves the repro shortest "
+                        "where it can; default) or ddmin (ddmin alone, nothing proven: the release sweep's way, where "
+                        "the proof on an old release's slow calls took most of a job)")
     c.add_argument("--whole-budget", action="store_true",
                    help="after a finding, search the whole of --max-examples (or --budget) for further distinct "
                         "findings, not only while fruitful (the release sweep's way: a release may hold several bugs)")

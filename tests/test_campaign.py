@@ -552,6 +552,7 @@ def test_the_release_sweep_as_a_campaign_file_has_one_job_per_release_and_pass(t
         assert argv[argv.index("--level") + 1] == level
         assert argv[argv.index("--max-examples") + 1] == ("7" if level == "engine" else "50")
         assert (argv[argv.index("--kv-groups") + 1] if "--kv-groups" in argv else "") == kv_groups
+        assert argv[argv.index("--minimize") + 1] == "ddmin" and "--whole-budget" in argv   # the sweep's way
 
 
 def test_the_driver_counts_its_own_job_as_running_while_ray_starts(monkeypatch):

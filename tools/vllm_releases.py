@@ -17,6 +17,9 @@ installed vLLM, and the verdicts go into one row per release. Where the probe bu
 release's v1 Scheduler on the CPU (``engine: yes``), an engine-level pass follows
 (``--level engine``, ``--engine-examples``). Each finding is matched to a known upstream
 change (``KNOWN_CHANGES``; reports/vllm-history.md) and labelled ``bug`` or ``policy``.
+Each check searches its whole budget (``--whole-budget``: a release may hold several bugs)
+and cuts each finding down with ddmin alone (``--minimize ddmin``): the bounded BFS that
+proves a repro shortest took most of a job on the old releases' slow calls.
 
 With ``--campaign`` the checks (every release x pass) run as one ``kvspec campaign``
 (Ray: local, or a cluster with ``--address``, whose nodes must see the same cache
@@ -291,7 +294,8 @@ def check(version: str, policies: str, max_examples: int, cache: Path = CACHE, l
           kv_groups: str = "") -> dict:
     where = level + (f"-{kv_groups.replace(':', '-')}" if kv_groups else "")
     cmd = ["kvspec", "check", "--target", "vllm", "--level", level, "--max-examples", str(max_examples),
-           "--seed", "0", "--whole-budget", "--json", "--report-dir", str(cache / "_repros" / version / where)]
+           "--seed", "0", "--whole-budget", "--minimize", "ddmin", "--json",
+           "--report-dir", str(cache / "_repros" / version / where)]
     cmd += ["--kv-groups", kv_groups] if kv_groups else []
     t0 = time.time()
     r = subprocess.run(cmd, env=env_for(version, cache, policies), capture_output=True, text=True,
@@ -341,7 +345,7 @@ def campaign_toml(versions: list[str], max_examples: int, cache: Path = CACHE, r
             path = [str(tree(v, cache)), *deps_path(v, cache), root]
             n = engine_examples or max_examples if level == "engine" else max_examples
             lines += ["[[matrix]]", 'command = "check"', 'target = "vllm"', f"level = {_toml_str(level)}",
-                      f"max_examples = {n}", "seed = 0", "whole_budget = true",
+                      f"max_examples = {n}", "seed = 0", "whole_budget = true", 'minimize = "ddmin"',
                       *([f"kv_groups = {_toml_str(kv_groups)}"] if kv_groups else []),
                       f"label = {_toml_str(f'{v}: {name}')}",
                       "pythonpath = [" + ", ".join(_toml_str(p) for p in path) + "]"]

@@ -60,7 +60,8 @@ CORPUS_PREFIX = "corpus:"  # a path inside the installed bug corpus, resolved on
 
 OPTIONS: dict[str, frozenset[str]] = {
     "check": frozenset({"target", "patch", "api", "level", "misuse", "kv_groups", "seed", "budget", "max_examples",
-                        "derandomize", "op_timeout", "db", "max_findings", "whole_budget"}),
+                        "derandomize", "op_timeout", "db", "max_findings", "whole_budget",
+                        "minimize"}),
     "mc": frozenset({"target", "patch", "api", "level", "blocks", "depth", "requests", "kv_groups", "max_model_len",
                      "caching", "symmetry", "fork", "check_once", "time_cap", "mem_cap"}),
     "patches": frozenset({"target", "seeds", "first_seed", "timeout", "only", "kv_groups"}),

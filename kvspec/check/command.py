@@ -186,7 +186,8 @@ def _check(a: argparse.Namespace, max_examples, deterministic: bool) -> int:
     kw = dict(patch=a.patch, patch_text=patch_text, level=a.level, misuse=a.misuse, seed=a.seed, budget=a.budget,
               report_dir=report_dir, kv_groups=check_kv_groups(a.kv_groups, target), command=command,
               max_examples=max_examples if deterministic else None, database=getattr(a, "db", None),
-              max_findings=max_findings_of(a), whole_budget=bool(getattr(a, "whole_budget", False)))
+              max_findings=max_findings_of(a), whole_budget=bool(getattr(a, "whole_budget", False)),
+              prove_minimal=getattr(a, "minimize", "full") != "ddmin")
     from kvspec.check import coverage, coverage_notes
     coverage.reset()
     if (getattr(a, "jobs", None) or 1) > 1:  # the workers count in their own processes: no coverage

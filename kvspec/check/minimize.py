@@ -276,7 +276,7 @@ def minimize_hang(target: Target, config: Config, steps: Sequence[Op], allow_mis
 def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invariant: str,
                      allow_misuse: bool = False, budget_s: float = 10.0, bfs_budget_s: float = BFS_BUDGET_S,
                      shrink_config: bool = True, deterministic: bool = False,
-                     confirm_by: Optional[float] = None, avoid: frozenset = frozenset()
+                     confirm_by: Optional[float] = None, avoid: frozenset = frozenset(), bfs: bool = True
                      ) -> tuple[list[Op], Optional[bool], Config]:
     """(steps, minimal, config): the module doc's three steps. ``config`` may be a
     smaller pool than the one given, when a repro as short or shorter fails there.
@@ -285,7 +285,8 @@ def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invari
     same on any machine. ``confirm_by``: for a NO_HANG finding, the monotonic time by
     which a confirming hang must end (``minimize_hang``; None: no limit). ``avoid``: the
     signatures of the run's other findings, which no cut-down candidate may fail with (a
-    shortest repro the BFS finds that does is dropped for the ddmin result: not proven)."""
+    shortest repro the BFS finds that does is dropped for the ddmin result: not proven).
+    ``bfs=False``: ddmin only, nothing proven (``kvspec check --minimize ddmin``)."""
     if invariant == "NO_HANG":
         return minimize_hang(target, config, steps, allow_misuse, confirm_by), None, config
     max_states, max_tests = BFS_MAX_STATES, None  # the clock only caps what the state count allows
@@ -305,7 +306,7 @@ def minimize_finding(target: Target, config: Config, steps: Sequence[Op], invari
             if out.index == -1 and out.invariant == invariant:
                 return [], True, cfg
         return [], True, config
-    if allow_misuse or config.level == "engine":
+    if allow_misuse or config.level == "engine" or not bfs:
         return steps, None, config  # the search enumerates valid cache/pool ops only
     short, minimal, cfg = bfs_shortest(target, config, steps, invariant, bfs_budget_s, shrink_config, max_states)
     if avoid and short != steps and not fails_with(target, cfg, short, invariant, allow_misuse, avoid):

@@ -359,7 +359,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
               report_dir: str = "reports/repros", progress: bool = False, command: str = "",
               kv_groups: Optional[str] = None, max_examples: Optional[int] = None,
               database: Optional[str] = None, stop: Optional[Callable[[], bool]] = None,
-              max_findings: int = 1, whole_budget: bool = False) -> CheckReport:
+              max_findings: int = 1, whole_budget: bool = False, prove_minimal: bool = True) -> CheckReport:
     """Search ``budget`` seconds, or, with ``max_examples`` (deterministic mode), exactly
     that many examples over all levels: then nothing depends on the clock (no deadline,
     no timed health check, minimization bounded by work, not seconds), so the same
@@ -380,7 +380,12 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     another finding's signature, with its own repro. A hang (NO_HANG) ends the search: the
     next example to reach the hanging call would wait out the op timeout again, and so on.
     The default, 1, is the first finding
-    only (``kvspec patches``' time to failure, the corpus); ``kvspec check`` asks for ``MAX_FINDINGS``."""
+    only (``kvspec patches``' time to failure, the corpus); ``kvspec check`` asks for ``MAX_FINDINGS``.
+
+    ``prove_minimal=False`` (``--minimize ddmin``) cuts each finding down with ddmin alone,
+    without the bounded BFS that proves the repro shortest: on an old vLLM release whose
+    calls are slow that proof took most of a sweep job (0.10.0: 1,550 of 1,566 s for four
+    findings, none proven within its 30,000 states)."""
     levels = _levels(target, level)
     report = CheckReport(target_spec, patch, levels, misuse, seed, budget, max_examples=max_examples,
                          max_findings=max_findings, whole_budget=whole_budget)
@@ -447,7 +452,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
     if not report.interrupted:  # interrupted: the findings are kept as found, not cut down
         try:
             _cut_down(target, report, misuse, max_examples,
-                      confirm_by=None if max_examples is not None else start + budget)
+                      confirm_by=None if max_examples is not None else start + budget, prove_minimal=prove_minimal)
         except KeyboardInterrupt as e:
             report.interrupted = _signal_name(e)
     for f in report.violations + report.robustness:
@@ -462,7 +467,7 @@ def _signal_name(e: BaseException) -> str:
 
 
 def _cut_down(target: Target, report: CheckReport, misuse: bool, max_examples: Optional[int],
-              confirm_by: Optional[float] = None) -> None:
+              confirm_by: Optional[float] = None, prove_minimal: bool = True) -> None:
     """Minimize every finding, drop duplicate robustness findings, and take each
     message and excerpt from a replay of the steps as cut down. A NO_HANG finding is cut
     down by the model alone and confirmed with at most one more hang, only if that can
@@ -475,7 +480,7 @@ def _cut_down(target: Target, report: CheckReport, misuse: bool, max_examples: O
         # ddmin, then a bounded BFS that may also move the repro to a smaller pool
         f.steps, f.minimal, f.config = minimize_finding(target, f.config, f.steps, f.invariant, allow_misuse=allow,
                                                         deterministic=max_examples is not None,
-                                                        confirm_by=confirm_by, avoid=avoid)
+                                                        confirm_by=confirm_by, avoid=avoid, bfs=prove_minimal)
     report.robustness = _dedupe_robustness(target, report.robustness)
     for f in report.violations + report.robustness:
         if f.invariant != "NO_HANG":
