@@ -189,3 +189,24 @@ def test_findings_are_matched_by_key_part_and_operation():
                         finding("I1", "pool", steps=("Free(blocks=(1, 1))",))]}
     annotate("0.33.0", r, "")      # fixed there: a finding would be new, so a bug to read
     assert all(f["upstream"] == "" and f["label"] == "bug" for f in r["violations"])
+
+
+def test_a_resumed_campaign_reuses_a_probe_of_the_same_code(tmp_path, monkeypatch):
+    vr = _tool()
+    calls = []
+
+    def probe(version, cache):
+        calls.append(version)
+        return {"error": "no tree"} if version == "0.0.1" else {"engine": "yes", "version": version}
+
+    monkeypatch.setattr(vr, "probe", probe)
+    keep = tmp_path / "probes"
+    assert vr.cached_probe("0.9.0", tmp_path, keep) == {"engine": "yes", "version": "0.9.0"}
+    assert vr.cached_probe("0.9.0", tmp_path, keep) == {"engine": "yes", "version": "0.9.0"}
+    assert calls == ["0.9.0"]   # the second came from the kept probe
+    monkeypatch.setattr(vr, "code_fingerprint", lambda root=None: "other code")
+    vr.cached_probe("0.9.0", tmp_path, keep)
+    assert calls == ["0.9.0", "0.9.0"]   # kept under another fingerprint: probed again
+    vr.cached_probe("0.0.1", tmp_path, keep)
+    vr.cached_probe("0.0.1", tmp_path, keep)
+    assert calls.count("0.0.1") == 2   # an error is never kept

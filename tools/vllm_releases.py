@@ -31,6 +31,7 @@ report).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -290,6 +291,34 @@ def probe(version: str, cache: Path = CACHE) -> dict:
     return got
 
 
+def code_fingerprint(root: Path = ROOT) -> str:
+    """A hash of the kvspec code a probe runs (its package and the stateful machines):
+    a probe kept under another fingerprint is run again."""
+    h = hashlib.sha256()
+    for f in sorted([*(root / "kvspec").rglob("*.py"), *(root / "stateful").rglob("*.py")]):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached_probe(version: str, cache: Path, keep: Path) -> dict:
+    """``probe()``, kept under ``keep`` (a campaign's results) for a resumed campaign: each
+    probe imports the release and builds its engine (about half a minute), so probing all
+    fifty took a first campaign 35 minutes before its first check. An error is not kept."""
+    f = keep / f"{version}.json"
+    fp = code_fingerprint()
+    try:
+        got = json.loads(f.read_text())
+        if got.get("kvspec") == fp:
+            return got["features"]
+    except (OSError, ValueError, KeyError):
+        pass
+    feats = probe(version, cache)
+    if "error" not in feats:
+        keep.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"kvspec": fp, "features": feats}))
+    return feats
+
+
 def check(version: str, policies: str, max_examples: int, cache: Path = CACHE, level: str = "all",
           kv_groups: str = "") -> dict:
     where = level + (f"-{kv_groups.replace(':', '-')}" if kv_groups else "")
@@ -363,7 +392,7 @@ def run_campaign(versions: list[str], max_examples: int, cache: Path, jobs: int,
     def prepare(v: str) -> dict:
         row: dict[str, Any] = {"version": v}
         reason = fetch(v, cache)
-        feats = {"error": reason} if reason else probe(v, cache)
+        feats = {"error": reason} if reason else cached_probe(v, cache, results / "probes")
         if "error" in feats:
             row.update(drivable=False, reason=feats["error"])
         else:
