@@ -38,11 +38,11 @@ from kvspec.spec.ops import Alloc, Cache, CachePartial, Free, FreeForeign, Looku
 
 # The catalogue's checks this one pass repeats at pool level (kvspec.spec.invariants and
 # kvspec.spec.group_checks); at pool level max_hit, stable_ids, kv_integrity and the
-# group checks return nothing (they read requests, a CacheModel, the shadow store, or a
+# group checks (min_hit included: it reads admissions) return nothing (they read requests, a CacheModel, the shadow store, or a
 # GroupCacheModel), which the preconditions below make sure of.
 COVERS = frozenset({"no_crash", "atomic_reject", "null_block", "accounting_step", "hash_chain", "full_only",
                     "cached_evictable", "max_hit", "no_leak", "stable_ids", "eviction_order", "kv_integrity",
-                    "hit_content", "hit_agreement", "window", "slots", "index_consistent"})
+                    "hit_content", "hit_agreement", "window", "slots", "index_consistent", "min_hit"})
 
 _POOL_OPS = frozenset({Alloc, Free, Touch, Cache, CachePartial, FreeForeign, Lookup, Reset})
 
