@@ -122,15 +122,15 @@ def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[tuple[str, str]
     ``missing`` (features, as in ``Traits.cache_missing``: an older vLLM release) can take;
     with nothing missing, HYBRID_SPECS and IDENTITY_PAIRS. A pair is kept only whole."""
     def spec_ok(spec: str) -> bool:
-        kinds = [p.partition(":")[0] for p in spec.split(",")]
-        return (len(kinds) == 1 or "groups" not in missing) and not set(kinds) & missing \
-            and (len(set(kinds)) < 3 or "three_kinds" not in missing)
+        kinds = _kinds_of(spec)
+        return (spec.count(",") == 0 or "groups" not in missing) and not kinds & missing \
+            and (len(kinds) < 3 or "three_kinds" not in missing)
     specs = tuple(s for s in HYBRID_SPECS if spec_ok(s))
     # Swarm weighting by what is new: the layouts with an opt-in group kind this target has
     # (one older releases lack: compressed, from vLLM 0.20.0) are drawn as often as all the
     # others together, since a release's newest code is where its new bugs live; a target
     # without such a kind draws exactly what it did.
-    new = tuple(s for s in specs if {p.partition(":")[0] for p in s.split(",")} & OPT_IN_KINDS)
+    new = tuple(s for s in specs if _kinds_of(s) & OPT_IN_KINDS)
     old = len(specs) - len(new)
     if new and old:
         specs = tuple(s for s in specs if s not in new) + new * max(1, old // len(new))
