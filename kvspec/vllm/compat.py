@@ -272,11 +272,77 @@ def _fields(cls: type) -> frozenset:
     return frozenset(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else frozenset()
 
 
+# -- a KVCacheConfig and a KVCacheManager built through the release's own constructors --
+
+UNCAPPED = MAX_MODEL_LEN  # max_model_len when the Config sets none
+
+
+def parse_spec(spec: str) -> list[tuple[str, int]]:
+    """``"full,swa:4"`` -> ``[("full", 0), ("swa", 4)]``; TargetError on anything else."""
+    out = []
+    for part in (spec or "").split(","):
+        kind, _, arg = part.strip().partition(":")
+        if kind in ("full", "mamba") and not arg:
+            out.append((kind, 0))
+        elif kind in ("swa", "chunked", "compressed") and arg.isdigit() and int(arg) >= 1:
+            out.append((kind, int(arg)))
+        else:
+            raise TargetError(f"vllm: bad kv group {part.strip()!r} in {spec!r}: "
+                              "expected full, swa:W, chunked:C, compressed:R")
+    return out
+
+
+def _group_spec(iface: Any, kind: str, size: int, block_size: int) -> Any:
+    import torch  # already imported by vLLM; the specs' dtype needs it
+
+    if kind == "mamba":
+        # MambaSpec constructs on the CPU, but kvspec's reference model describes no state
+        # overwritten in place, so there is nothing to compare a Mamba group with.
+        raise TargetError("vllm: kv group 'mamba' is not supported (the reference model has no Mamba state)")
+    cls = getattr(iface, SPEC_CLASSES[kind], None)
+    if cls is None:
+        raise TargetError(f"vllm: kv group {kind!r}: this vLLM has no {SPEC_CLASSES[kind]}")
+    # use_mla: required by the releases before MLA had its own spec (0.9.x); dropped where not taken.
+    # compressed:R is DeepSeek-V4's compressed MLA spec (MLAAttentionSpec with R tokens per
+    # stored entry: compress_ratio, later tokens_per_state),
+    # which vLLM manages as full attention, in a group of its own (cache_api).
+    return call(cls, f"{cls.__name__}()", dict(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, use_mla=False,
+        sliding_window=size if kind == "swa" else None, attention_chunk_size=size if kind == "chunked" else None,
+        compress_ratio=size if kind == "compressed" else 1, tokens_per_state=size if kind == "compressed" else 1))
+
+
+def build_kv_cache_config(spec: str, num_blocks: int, block_size: int, iface: Optional[Any] = None) -> Any:
+    """A real ``KVCacheConfig``: one ``KVCacheGroupSpec`` (one layer each) per group of
+    ``spec``, all sharing one pool of ``num_blocks`` blocks of ``block_size`` tokens
+    (the tensor field is ``kv_cache_tensors`` or, in 0.9.x, ``tensors``)."""
+    if iface is None:
+        from vllm.v1 import kv_cache_interface as iface  # type: ignore[no-redef]
+    groups = [iface.KVCacheGroupSpec([f"model.layers.{i}.attn"], _group_spec(iface, kind, size, block_size))
+              for i, (kind, size) in enumerate(parse_spec(spec))]
+    return call(iface.KVCacheConfig, "KVCacheConfig()", dict(
+        num_blocks=num_blocks, kv_cache_tensors=[], tensors={}, kv_cache_groups=groups))
+
+
+def build_manager(manager_mod: Any, kv_config: Any, block_size: int, caching: bool,
+                  max_model_len: Optional[int] = None, use_eagle: bool = False) -> Any:
+    """``KVCacheManager`` over ``kv_config``, hashing at the one block size all groups share
+    (the block-size arguments are passed where the release takes them); ``use_eagle``: an
+    EAGLE/MTP drafter, every group flagged (no group is marked ``is_eagle_group``)."""
+    groups = len(kv_config.kv_cache_groups)
+    try:
+        return call(manager_mod.KVCacheManager, "KVCacheManager()", dict(
+            kv_cache_config=kv_config, max_model_len=max_model_len or UNCAPPED, scheduler_block_size=block_size,
+            hash_block_size=block_size, enable_caching=caching, caching_hash_algo="sha256", use_eagle=use_eagle))
+    except (AssertionError, ValueError, NotImplementedError) as e:  # its own refusal of the group set
+        raise TargetError(f"vllm: this KVCacheManager refuses {groups} KV-cache group(s): {e}") from None
+
+
+
 def _takes_three_kinds(up: Api) -> bool:
     """Whether this release's coordinator builds over full, sliding-window and chunked groups
     at once (0.11.0's "assumes exactly one other type of groups"): asked of the release itself,
     by building one small manager."""
-    from kvspec.vllm.groups import build_kv_cache_config, build_manager
     try:
         build_manager(up.manager, build_kv_cache_config("full,swa:2,chunked:4", 6, 2, up.interface), 2, True)
     except TargetError:

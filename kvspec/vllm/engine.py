@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -40,6 +37,7 @@ from kvspec.spec.observation import Observation, RequestState
 from kvspec.targets.v1_driver import observe_pool
 from kvspec.vllm.engine_async import AsyncStepping, async_scheduler
 from kvspec.vllm.groups import build_kv_cache_config, parse_extra
+from kvspec.vllm.tiny_model import model_config, tiny_model_dir
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 OLD_SCHEDULER_MODULE = "vllm.v1.core.scheduler"   # where 0.8.1 and before keep it
@@ -52,7 +50,6 @@ def scheduler_module() -> str:
         return SCHEDULER_MODULE if importlib.util.find_spec("vllm.v1.core.sched") is not None else OLD_SCHEDULER_MODULE
     except ImportError:   # no vllm.v1.core at all: the import that follows says so
         return SCHEDULER_MODULE
-VOCAB = 1000  # token ids drawn stay below it
 
 
 @dataclass(frozen=True)
@@ -71,28 +68,6 @@ class EngineShape:
     policy: str = "fcfs"          # the scheduling policy ("priority": kvspec.vllm.inputs)
     connector: Optional[str] = None   # remote prefixes a CPU KV connector serves (kvspec.vllm.connector)
     async_scheduling: bool = False    # vLLM's AsyncScheduler, two batches in flight (kvspec.vllm.inputs)
-
-
-@functools.lru_cache(maxsize=2)
-def tiny_model_dir(name: str = "llama") -> str:
-    """A folder holding only the config.json of a two-layer Llama with a tiny vocabulary:
-    enough for vLLM's ``ModelConfig``; no weights, no tokenizer. ``name`` goes into the
-    folder's name (an EAGLE head's folder says "eagle-": 0.8.x tells the drafter by it)."""
-    d = tempfile.mkdtemp(prefix=f"kvspec-tiny-{name}-")
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-           "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2,
-           "vocab_size": VOCAB, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "float32",
-           "bos_token_id": 1, "eos_token_id": 2}
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    return d
-
-
-def model_config(max_model_len: int) -> Any:
-    """The tiny model's ``ModelConfig`` (arguments an older release requires: ``engine_compat.construct``)."""
-    from vllm.config import ModelConfig
-    return compat.construct(ModelConfig, dict(model=tiny_model_dir(), skip_tokenizer_init=True, dtype="float32",
-                                              max_model_len=max_model_len), tiny_model_dir())
 
 
 @functools.lru_cache(maxsize=16)

@@ -160,7 +160,7 @@ def _drafter_reserves(method: str, config_counts: bool) -> bool:
         from vllm.config import ParallelConfig
 
         from kvspec.vllm import engine_compat as compat
-        from kvspec.vllm.engine import model_config, tiny_model_dir
+        from kvspec.vllm.tiny_model import model_config, tiny_model_dir
         compat.cpu_platform()
         spec = drafter_config(method, 2, tiny_model_dir(), model_config(128), ParallelConfig())
         return config_counts or compat.scheduler_sees_eagle(spec)
@@ -174,7 +174,7 @@ def drafter_config(method: str, k: int, model_dir: str, target_model: Any, paral
     EAGLE head is for the EAGLE drafter (0.8.x sets ``method`` from the draft model's name)."""
     from vllm.config import SpeculativeConfig
     if method == "eagle":
-        from kvspec.vllm.engine import tiny_model_dir
+        from kvspec.vllm.tiny_model import tiny_model_dir
         model_dir = tiny_model_dir("eagle-llama")
     return SpeculativeConfig(method=method, model=model_dir, num_speculative_tokens=k,
                              target_model_config=target_model, target_parallel_config=parallel)
