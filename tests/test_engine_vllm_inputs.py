@@ -150,7 +150,8 @@ def test_a_bug_only_the_new_input_reaches_is_found(diff, feature, invariants, wo
 def test_older_manager_api_keeps_its_machine():
     """0.9.x (no ``groups``) keeps SpecEngineMachine's rules, so its examples (and #19459's
     numbers) are unchanged; the current API gets the deployment inputs."""
-    from kvspec.engine.machine import InputsEngineMachine, SpecEngineMachine, engine_machine
+    from kvspec.engine.inputs_machine import InputsEngineMachine
+    from kvspec.engine.machine import SpecEngineMachine, engine_machine
 
     target = load_target("vllm")
     assert issubclass(engine_machine(target), InputsEngineMachine)

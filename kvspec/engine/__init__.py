@@ -12,12 +12,15 @@ observation and the scheduler's decisions (``StepFacts``) after every engine ste
     nano_load     loading a nano-vllm package's scheduler, and its stand-in config
     drivers       which engine drives a target
     translate     an engine's manager calls as cache-level ops (one reference model for both levels)
-    checks        the engine's decisions against what its manager holds (SLOTS, NO_LEAK)
+    checks        the engine's decisions against what its manager holds (SLOTS, NO_LEAK, PRIORITY,
+                  COMMON_PREFIX)
     session       EngineSession: what ``kvspec.check.session.Session`` is at the engine level
     machine       the Hypothesis machine of engine events
+    inputs_machine  the same with the inputs deployments send (connector, async scheduling,
+                  priority, resets, streaming sessions, system prompts), for a vLLM release
 
 May import: kvspec.spec, kvspec.targets, kvspec.errors, kvspec.patching, and, for the
-machine, kvspec.stateful.base. Not kvspec.check, mc, report, corpus or cli: the cache
+machines, kvspec.stateful.base. Not kvspec.check, mc, report, corpus or cli: the cache
 level's Session, which EngineSession reuses whole to check the replayed calls, is handed
 in by ``kvspec.check.session.Session`` itself, so the two never import each other.
 """

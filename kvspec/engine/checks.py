@@ -20,6 +20,8 @@ once the event is processed:
   (the load would write into whichever request gets them next: vLLM #32255);
 - PRIORITY: under the priority policy, a request still running after the step's
   preemptions never comes after one that was preempted in (priority, arrival) order;
+- COMMON_PREFIX: the common-prefix block count the scheduler reports (cascade attention's)
+  counts blocks every request in the step's batch holds, at the same places;
 - ACCOUNTING (``check_reset``): ``reset_prefix_cache`` succeeds exactly when no block is held.
 """
 from __future__ import annotations
@@ -93,6 +95,7 @@ def check_event(op: Op, facts: Optional[StepFacts], driver: EngineDriver,
                                       f"{facts.lookahead} lookahead slots for the drafter, but its table has room "
                                       f"for {facts.covered[rid]} positions, not {need}", rid))
         out += _priority(facts, v)
+        out += _common_prefix(facts, v)
         dup = [] if shared_slots else \
             [s for s, c in Counter(s for got in facts.slots.values() for s in got).items() if c > 1]
         if dup:
@@ -122,6 +125,28 @@ def _priority(facts: StepFacts, v) -> list[Violation]:
             return [v("PRIORITY", f"{p} (priority {facts.rank[p][0]}) was preempted while {r} (priority "
                                   f"{facts.rank[r][0]}, {'later arrival' if facts.rank[r][0] == facts.rank[p][0] else 'lower priority'}) "
                                   f"kept running: the priority policy preempts the lowest-priority request first", p)]
+    return []
+
+
+def _common_prefix(facts: StepFacts, v) -> list[Violation]:
+    """COMMON_PREFIX: the common-prefix count the scheduler reports for a group is a number of
+    leading blocks that every request scheduled in the step holds, the same ids in the same
+    places. Cascade attention reads that prefix once, from one request's table, for the whole
+    batch: a request that does not hold it attends to another request's KV (vLLM #23130,
+    #55227: reference counts held by requests outside the batch make a block look shared)."""
+    for g, n in enumerate(facts.common_prefix):
+        if n <= 0 or not facts.group_tables:
+            continue
+        tables = {rid: t[g] if g < len(t) else () for rid, t in facts.group_tables.items()}
+        ref_rid = max(tables, key=lambda r: len(tables[r]))
+        ref = tables[ref_rid][:n]
+        for rid, t in sorted(tables.items()):
+            if t[:n] != ref or len(t) < n:
+                where = "group 0" if len(facts.common_prefix) == 1 else f"group {g}"
+                return [v("COMMON_PREFIX", f"the scheduler reports {n} common-prefix blocks ({where}) for a batch in "
+                                           f"which {rid} holds {list(t[:n])} there and {ref_rid} holds {list(ref)}: "
+                                           f"cascade attention would read one table's prefix for both", rid,
+                          sorted(set(t[:n]) ^ set(ref)))]
     return []
 
 

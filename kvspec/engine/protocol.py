@@ -42,6 +42,11 @@ class StepFacts:
     # requests preempted inside this step's schedule() whose blocks did not return to the pool
     # (their free deferred behind a step in flight: vLLM's async scheduling with a consumer connector)
     unreclaimed: tuple[str, ...] = ()
+    # the scheduler's common-prefix block count per KV-cache group (what cascade attention reads:
+    # every request in the batch shares that many leading blocks), and req -> its table in every
+    # group right after schedule(), for each scheduled request; empty: not reported, not checked
+    common_prefix: tuple[int, ...] = ()
+    group_tables: dict[str, tuple[tuple[int, ...], ...]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -49,6 +49,7 @@ CATALOGUE: dict[str, str] = {
     "WINDOW": "Every block a still-needed token attends to (its window included) is held; blocks wholly outside every window are null or freed.",
     "SLOTS": "Every scheduled token, draft tokens included, has a slot in every group's table, within the max_model_len cap.",
     "PRIORITY": "Under the priority policy the engine preempts the running request last in (priority, arrival) order.",
+    "COMMON_PREFIX": "The common-prefix block count a scheduler reports (cascade attention's) counts leading blocks that every request in the step's batch holds, the same ids in the same places.",
     "COPY_ON_WRITE": "A fork shares every block with one holder more and takes none; a write into a block another sequence holds copies it first (the copy reported); freeing the child restores every count.",
 }
 # The four numbered invariants also have names; the others are their own name.
@@ -64,7 +65,7 @@ def title(invariant: str) -> str:
 PRIORITY = [
     "NO_HANG", "NO_CRASH", "NULL_BLOCK", "ATOMIC_REJECT", "COPY_ON_WRITE", "I1", "HIT_AGREEMENT", "WINDOW", "SLOTS",
     "HASH_CHAIN", "MAX_HIT", "MIN_HIT", "INDEX_CONSISTENT", "I3", "I4", "ACCOUNTING", "NO_LEAK", "I2", "EVICTION_ORDER",
-    "KV_INTEGRITY", "PRIORITY",
+    "KV_INTEGRITY", "PRIORITY", "COMMON_PREFIX",
 ]
 
 

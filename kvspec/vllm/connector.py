@@ -84,11 +84,16 @@ class KvspecRemoteConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mi
         self.remote = parse_remote(extra.get("remote"))
         self.load_async = loads_async(extra.get("remote"))
         self.offered: dict[str, int] = {}     # request -> external tokens of its last admission
+        # request -> its last answer to get_num_new_matched_tokens, which the scheduler passes
+        # on to allocate_slots: as num_external_computed_tokens, or inside num_new_tokens before
+        # 0.14.0 (kvspec.vllm.engine reads it there, to know which slots the load writes)
+        self.matched: dict[str, int] = {}
         self.loading: list[str] = []          # requests whose asynchronous load started, not yet reported
 
     # -- scheduler side -----------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[Optional[int], bool]:
         n = remote_tokens(list(request.all_token_ids), num_computed_tokens, self.remote)
+        self.matched[request.request_id] = n
         return n, self.load_async and n > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -107,6 +112,7 @@ class KvspecRemoteConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[mi
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:
         self.offered.pop(request.request_id, None)   # a load in flight still finishes (and is reported)
+        self.matched.pop(request.request_id, None)
         return False, None
 
     def request_finished_all_groups(self, request: Any, block_ids: Any) -> tuple[bool, Optional[dict]]:

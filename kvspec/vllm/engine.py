@@ -239,14 +239,21 @@ class VllmEngine(AsyncStepping):
         ext = args.get("num_external_computed_tokens", 0) or 0
         if ok:
             self._computed[rid] = (hit + ext if admit else before) + new
-            if admit and ext:
-                self._loaded[rid] = (hit, ext)   # the connector loads these tokens' KV (kv_reads)
+            # the connector loads these tokens' KV (kv_reads); before 0.14.0 the scheduler passes
+            # them inside num_new_tokens, so the connector's answer says how many there are
+            loaded = ext if "num_external_computed_tokens" in args else self._connector_tokens(rid) if admit else 0
+            if admit and loaded:
+                self._loaded[rid] = (hit, loaded)
         self._calls.append(ManagerCall("admit" if admit else "grow", rid, tuple(request.all_token_ids), new=new,
                                        hit=hit if admit else 0, external=ext if admit else 0,
                                        extra=self.extras.get(rid) if admit else None, ok=ok,
                                        whole=bool(args.get("full_sequence_must_fit", False)),
                                        drafts=() if admit else drafts, obs=self.observe(),
                                        lookahead=int(args.get("num_lookahead_tokens", 0) or 0)))
+
+    def _connector_tokens(self, rid: str) -> int:
+        """The tokens kvspec's connector last offered ``rid`` (0 without a connector)."""
+        return int(getattr(getattr(self.sched, "connector", None), "matched", {}).get(rid, 0) or 0)
 
     def on_reset(self, ok: bool) -> None:
         """``reset_prefix_cache`` reached the manager (the scheduler's own, or after its preemptions)."""
@@ -315,6 +322,7 @@ class VllmEngine(AsyncStepping):
         self._loaded = {}
         out = self._schedule()
         loaded, self._loaded = self._loaded, {}
+        prefix = self._common_prefix(out)
         bs = self.block_size
         # a load's request may wait for its KV (an asynchronous load): its table, for the load's writes
         tables: dict[str, tuple[int, ...]] = {rid: self._table(rid, 0) for rid in loaded}
@@ -359,7 +367,7 @@ class VllmEngine(AsyncStepping):
             s.update_draft_token_ids(DraftTokenIds(ids, [[sample(rid, -1)] * k for rid in ids]))
         return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
                          lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
-                         tables=tables, loaded=loaded, unreclaimed=tuple(self._unreclaimed))
+                         tables=tables, loaded=loaded, unreclaimed=tuple(self._unreclaimed), **prefix)
 
     def paused(self) -> set[str]:
         """Streaming sessions waiting for their next input (holding their KV)."""
@@ -374,6 +382,17 @@ class VllmEngine(AsyncStepping):
         its ``reset_running_requests``, only where the release takes it)."""
         kw = {"reset_running_requests": True} if preempt_running else {}
         return bool(self.sched.reset_prefix_cache(**kw))
+
+    def _common_prefix(self, out: Any) -> dict[str, Any]:
+        """``StepFacts``' common-prefix fields for a step just scheduled: the count the scheduler
+        reported and, where it is not zero, every scheduled request's tables (read now, before
+        anything else changes them)."""
+        counts = compat.common_prefix_counts(out)
+        if not any(counts):
+            return {"common_prefix": counts}
+        groups = range(len(compat.single_type_managers(self.mgr)))
+        return {"common_prefix": counts,
+                "group_tables": {rid: tuple(self._table(rid, g) for g in groups) for rid in out.num_scheduled_tokens}}
 
     # -- reading the state -------------------------------------------------------------
     def _table(self, rid: str, group: int) -> tuple[int, ...]:

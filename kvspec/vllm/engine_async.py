@@ -60,9 +60,11 @@ class AsyncStepping:
         self._unreclaimed = []
         running_before = {r.request_id for r in s.running}
         scheduled, start, slots, covered = {}, {}, {}, {}
+        prefix: dict = {}
         bs = self.block_size
         if s.has_requests():
             out = self._schedule()
+            prefix = self._common_prefix(out)
             scheduled = dict(out.num_scheduled_tokens)
             ends = set()
             for rid, n in scheduled.items():
@@ -77,9 +79,9 @@ class AsyncStepping:
                     ends.add(rid)
             self._in_flight.insert(0, (out, ends))
             if len(self._in_flight) < 2 and s.has_requests():
-                return self._async_facts(running_before, scheduled, start, slots, covered, ())
+                return self._async_facts(running_before, scheduled, start, slots, covered, (), prefix)
         if not self._in_flight:
-            return self._async_facts(running_before, scheduled, start, slots, covered, ())
+            return self._async_facts(running_before, scheduled, start, slots, covered, (), prefix)
         out, ends = self._in_flight.pop()
         ids = list(out.num_scheduled_tokens)
         sampled = [[sample(rid, s.requests[rid].num_tokens)] if rid in ends and rid in s.requests else []
@@ -88,10 +90,10 @@ class AsyncStepping:
         live = set(s.requests)
         s.update_from_output(out, mro)
         finished = tuple(sorted(rid for rid in live if rid not in s.requests or s.requests[rid].is_finished()))
-        return self._async_facts(running_before, scheduled, start, slots, covered, finished)
+        return self._async_facts(running_before, scheduled, start, slots, covered, finished, prefix)
 
     def _async_facts(self, running_before: set, scheduled: dict, start: dict, slots: dict, covered: dict,
-                     finished: tuple) -> StepFacts:
+                     finished: tuple, prefix: dict) -> StepFacts:
         s = self.sched
         preempted = tuple(sorted(rid for rid in running_before
                                  if rid in s.requests and s.requests[rid].status == self.status.PREEMPTED))
@@ -99,4 +101,4 @@ class AsyncStepping:
                 if rid in s.requests} if self.shape.policy == "priority" else {}
         return StepFacts(scheduled=scheduled, preempted=preempted, finished=finished, slots=slots, start=start,
                          lookahead=self.lookahead, covered=covered, cap=self.shape.max_model_len, rank=rank,
-                         unreclaimed=tuple(self._unreclaimed))
+                         unreclaimed=tuple(self._unreclaimed), **prefix)

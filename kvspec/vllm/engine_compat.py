@@ -115,6 +115,16 @@ def model_runner_output(cls: Any, ids: list[str], sampled: list[list[int]],
     return cls(**kw)
 
 
+def common_prefix_counts(out: Any) -> tuple[int, ...]:
+    """The scheduler output's ``num_common_prefix_blocks`` as one count per KV-cache group:
+    an int before 0.9.0 (one group), a list after; empty from 0.32.0, where cascade attention
+    is gone and the field is deprecated."""
+    n = getattr(out, "num_common_prefix_blocks", None)
+    if n is None:
+        return ()
+    return (int(n),) if isinstance(n, int) else tuple(int(x) for x in n)
+
+
 def drafts_in_output(sched: Any) -> bool:
     """True where proposals travel in the ModelRunnerOutput (no ``update_draft_token_ids``)."""
     return not callable(getattr(sched, "update_draft_token_ids", None))

@@ -141,6 +141,20 @@ KNOWN_CHANGES = (
            "token's hash and is cached under it holding the new token's KV; 0.32.0 drops the hashes past the kept "
            "tokens (read: del session.block_hashes[...]); PRs #49619, #52806, #53156",
            level="engine"),
+    Change("0.8.0", "0.11.1", "COMMON_PREFIX", None,
+           "vllm-project/vllm#23130 (\"Async KVConnectors can break shared prefix check\"; PR #23485): "
+           "get_num_common_prefix_blocks counts a block as shared by the batch when its ref_cnt equals the number "
+           "of RUNNING requests, but requests outside RUNNING hold references too (a load parked in "
+           "WAITING_FOR_REMOTE_KVS, a finished request whose send is in flight); read: 0.11.0 compares with "
+           "len(self.running), 0.11.1 with len(self.req_to_blocks)",
+           level="engine"),
+    Change("0.24.0", "0.32.0", "COMMON_PREFIX", None,
+           "vllm-project/vllm#55227 (open, \"Skip cascade prefixes during deferred KV frees\"): with async "
+           "scheduling and a consumer KV connector a finished request leaves req_to_blocks while its blocks keep "
+           "their references behind the step in flight (#45357's fence), so ref_cnt == len(req_to_blocks) "
+           "holds for a block one survivor lacks; read from 0.24.0; 0.32.0 removes cascade attention (the count "
+           "is always 0)",
+           level="engine"),
     Change("0.24.0", "0.30.0", "NO_LEAK", None,
            "vllm-project/vllm#49674 (fixed by #49675): with async scheduling and a consumer KV connector a freed "
            "request's blocks wait behind the step in flight (#45357's fence), and the allocation retry preempts "

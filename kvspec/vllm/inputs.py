@@ -79,7 +79,8 @@ def _params(fn: Any) -> set[str]:
 def features() -> frozenset[str]:
     """What the installed vLLM's scheduler takes, of: "reset", "reset_preempt",
     "priority", "connector", "connector_async" (the connector may load asynchronously),
-    "async", "streaming", and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
+    "async", "streaming", "cascade" (``schedule()`` reports a common prefix for cascade
+    attention), and "lookahead:METHOD" for each drafter in LOOKAHEAD_DRAFTERS whose
     speculative config the release accepts with a draft model of the engine's own shape."""
     out: set[str] = set()
     try:
@@ -105,11 +106,22 @@ def features() -> frozenset[str]:
         out.add("async")
     if "resumable" in _params(Request.__init__) and _has_streaming_updates():
         out.add("streaming")
+    if _reports_common_prefix(Scheduler):
+        out.add("cascade")
     if "num_lookahead_tokens" in _params(KVCacheManager.allocate_slots):
         for method in LOOKAHEAD_DRAFTERS:
             if _drafter_reserves(method, isinstance(getattr(VllmConfig, "num_lookahead_tokens", None), property)):
                 out.add(f"lookahead:{method}")
     return frozenset(out)
+
+
+def _reports_common_prefix(scheduler_cls: type) -> bool:
+    """Whether ``schedule()`` asks the KV manager for cascade attention's common prefix
+    (``get_num_common_prefix_blocks``); 0.32.0 removed cascade attention and the call."""
+    try:
+        return "get_num_common_prefix_blocks" in inspect.getsource(scheduler_cls.schedule)
+    except (OSError, TypeError):
+        return False
 
 
 def _has_streaming_updates() -> bool:
