@@ -186,7 +186,7 @@ def _patch_text(patch: Optional[str]) -> Optional[str]:
 def _plain_machine(target: Any, level: str, opts: RunOptions) -> Any:
     from kvspec.stateful import cache_machine, pool_machine
     if level == "engine":  # the engine's own scheduler drives its KV manager (kvspec.engine)
-        from kvspec.engine.machine import engine_machine
+        from kvspec.engine.machines import engine_machine
         return engine_machine(target, kv_groups=opts.kv_groups)
     return cache_machine(target, kv_groups=opts.kv_groups) if level == "cache" else pool_machine(target)
 

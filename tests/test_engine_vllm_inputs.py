@@ -151,7 +151,8 @@ def test_older_manager_api_keeps_its_machine():
     """0.9.x (no ``groups``) keeps SpecEngineMachine's rules, so its examples (and #19459's
     numbers) are unchanged; the current API gets the deployment inputs."""
     from kvspec.engine.inputs_machine import InputsEngineMachine
-    from kvspec.engine.machine import SpecEngineMachine, engine_machine
+    from kvspec.engine.machine import SpecEngineMachine
+    from kvspec.engine.machines import engine_machine
 
     target = load_target("vllm")
     assert issubclass(engine_machine(target), InputsEngineMachine)

@@ -65,7 +65,8 @@ def test_a_legacy_engine_release_draws_the_inputs_after_its_first_batch(monkeypa
     excluded signatures; later batches draw the deployment inputs."""
     from kvspec.engine import drivers
     from kvspec.engine.inputs_machine import InputsEngineMachine, LegacyInputsEngineMachine
-    from kvspec.engine.machine import SpecEngineMachine, engine_machine
+    from kvspec.engine.machine import SpecEngineMachine
+    from kvspec.engine.machines import engine_machine
     from kvspec.targets.registry import load_target
 
     target = load_target("vllm")

@@ -243,7 +243,7 @@ def _settings(n_steps: int, max_examples: int = EXAMPLES_PER_BATCH, database: Op
 def _machine(target: Target, level: str, misuse: bool, sink: Callable, kv_groups: Optional[str] = None):
     from kvspec.stateful import cache_machine, pool_machine
     if level == "engine":
-        from kvspec.engine.machine import engine_machine
+        from kvspec.engine.machines import engine_machine
         if kv_groups is not None and kv_groups.startswith("with:"):
             from kvspec.errors import UsageError
             raise UsageError(f"--kv-groups {kv_groups}: a family of layouts is drawn at the cache level; "

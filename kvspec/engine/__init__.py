@@ -18,6 +18,7 @@ observation and the scheduler's decisions (``StepFacts``) after every engine ste
     machine       the Hypothesis machine of engine events
     inputs_machine  the same with the inputs deployments send (connector, async scheduling,
                   priority, resets, streaming sessions, system prompts), for a vLLM release
+    machines      which of those machines a target gets (``engine_machine``)
 
 May import: kvspec.spec, kvspec.targets, kvspec.errors, kvspec.patching, and, for the
 machines, kvspec.stateful.base. Not kvspec.check, mc, report, corpus or cli: the cache

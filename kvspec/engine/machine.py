@@ -51,8 +51,7 @@ from hypothesis.stateful import initialize, precondition, rule
 
 from kvspec.spec.config import Config
 from kvspec.spec.ops import Abort, Arrive, EngineStep
-from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
-from kvspec.targets.base import Target
+from kvspec.stateful.base import KVMachine
 
 BLOCK_SIZE = 4
 MAX_ARRIVED = 6        # requests per example
@@ -222,17 +221,3 @@ class SpecEngineMachine(EngineMachine):
         for _ in range(data.draw(RUN_LENGTH, label="run")):
             self.run(EngineStep(token=token, drafts=self.spec,
                                 accepted=data.draw(_accepted(self.spec), label="accepted")))
-
-
-def engine_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,
-                   kv_groups: Optional[str] = None) -> type:
-    """A fresh EngineMachine subclass bound to ``target`` (its own example counters)."""
-    from kvspec.engine.drivers import draws_deployment_inputs, legacy_engine_drives, supports_spec_decode
-    from kvspec.engine.inputs_machine import InputsEngineMachine, LegacyInputsEngineMachine
-    attrs = dict(target=target, misuse=False, on_robustness=staticmethod(on_robustness) if on_robustness else None,
-                 counters={"examples": 0, "steps": 0}, kv_groups=kv_groups)
-    base = SpecEngineMachine if supports_spec_decode(target) else EngineMachine
-    if base is SpecEngineMachine and draws_deployment_inputs(target):
-        # the deployment inputs too; on a legacy-engine release, from the second batch on
-        base = LegacyInputsEngineMachine if legacy_engine_drives(target) else InputsEngineMachine
-    return type(machine_class_name("EngineMachine", target), (base,), attrs)

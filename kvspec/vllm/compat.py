@@ -274,8 +274,6 @@ def _fields(cls: type) -> frozenset:
 
 # -- a KVCacheConfig and a KVCacheManager built through the release's own constructors --
 
-UNCAPPED = MAX_MODEL_LEN  # max_model_len when the Config sets none
-
 
 def parse_spec(spec: str) -> list[tuple[str, int]]:
     """``"full,swa:4"`` -> ``[("full", 0), ("swa", 4)]``; TargetError on anything else."""
@@ -332,7 +330,7 @@ def build_manager(manager_mod: Any, kv_config: Any, block_size: int, caching: bo
     groups = len(kv_config.kv_cache_groups)
     try:
         return call(manager_mod.KVCacheManager, "KVCacheManager()", dict(
-            kv_cache_config=kv_config, max_model_len=max_model_len or UNCAPPED, scheduler_block_size=block_size,
+            kv_cache_config=kv_config, max_model_len=max_model_len or MAX_MODEL_LEN, scheduler_block_size=block_size,
             hash_block_size=block_size, enable_caching=caching, caching_hash_algo="sha256", use_eagle=use_eagle))
     except (AssertionError, ValueError, NotImplementedError) as e:  # its own refusal of the group set
         raise TargetError(f"vllm: this KVCacheManager refuses {groups} KV-cache group(s): {e}") from None

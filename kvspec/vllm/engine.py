@@ -36,7 +36,8 @@ from kvspec.errors import TargetError
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.targets.v1_driver import observe_pool
 from kvspec.vllm.engine_async import AsyncStepping, async_scheduler
-from kvspec.vllm.groups import build_kv_cache_config, parse_extra
+from kvspec.vllm.compat import build_kv_cache_config
+from kvspec.vllm.groups import parse_extra
 from kvspec.vllm.tiny_model import model_config, tiny_model_dir
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"

@@ -37,7 +37,7 @@ from kvspec.spec.config import Config
 from kvspec.spec.observation import Observation, RequestState
 from kvspec.spec.ops import Admit, Finish, Op, Prefill, Preempt, Step, Verify
 from kvspec.vllm import compat as compat
-from kvspec.vllm.compat import UNCAPPED, build_kv_cache_config, build_manager, parse_spec  # noqa: F401 (kept importable here)
+from kvspec.vllm.compat import build_kv_cache_config, build_manager
 from kvspec.targets.base import Driver
 from kvspec.targets.v1_driver import observe_pool
 

@@ -22,7 +22,7 @@ from kvspec.errors import TargetError  # noqa: E402
 from kvspec.spec.config import Config  # noqa: E402
 from kvspec.spec.ops import Admit, Finish, Step, Verify  # noqa: E402
 from kvspec.targets.registry import load_target  # noqa: E402
-from kvspec.vllm.groups import build_kv_cache_config, build_manager  # noqa: E402
+from kvspec.vllm.compat import build_kv_cache_config, build_manager  # noqa: E402
 
 
 @pytest.fixture(scope="module")

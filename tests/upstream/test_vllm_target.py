@@ -27,7 +27,7 @@ from kvspec.check.session import Session  # noqa: E402
 from kvspec.stateful import InvariantViolation, cache_machine, pool_machine  # noqa: E402
 from kvspec.targets.base import TargetError  # noqa: E402
 from kvspec.targets.registry import load_target  # noqa: E402
-from kvspec.vllm.groups import parse_spec  # noqa: E402
+from kvspec.vllm.compat import parse_spec  # noqa: E402
 from kvspec.vllm.patch import import_vllm, vllm_root  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[2] / "kvspec" / "corpus" / "vllm"
