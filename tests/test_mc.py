@@ -201,6 +201,12 @@ def test_observations_are_unchanged_by_the_fast_constructors(impl):
     rebuilt = Observation(**{f.name: getattr(o, f.name) for f in fields(Observation)})
     assert type(o) is Observation and o == rebuilt and hash(o.blocks) == hash(rebuilt.blocks)
     assert all(type(b) is BlockState and b == BlockState(b.ref, b.hash, b.queued) for b in o.blocks)
+    # and the fast constructor is the one in use: a field added to Observation once turned
+    # it off unnoticed (every observation of a search then took the frozen constructor)
+    from kvspec.targets import v1_driver
+
+    assert v1_driver._OBS_FAST, "Observation changed shape: update v1_driver._OBS_FIELDS"
+    assert o.__dict__.keys() == rebuilt.__dict__.keys()
 
 
 def test_invariant_filter_prunes_other_failures():

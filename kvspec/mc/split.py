@@ -116,7 +116,7 @@ class StepChecker:
     def __call__(self, ctx: StepContext) -> list[Violation]:
         if self.fast is not None:
             pairs = self.fast(ctx)
-            if pairs is not None and any(CHECKS[i](ctx) for i in self.beside):
+            if pairs is not None and self.beside and any(CHECKS[i](ctx) for i in self.beside):
                 pairs = None  # a finding: the full path below reports it in the catalogue's order
             if pairs is not None:
                 # every transition check finds nothing (so the step is comparable); the

@@ -87,7 +87,7 @@ def _clean(ctx: Any) -> Optional[tuple]:
     mt = type(model)
     md = model.__dict__
     if ctx.shadow is not None or obs.requests or type(op) not in _POOL_OPS \
-            or not _pool_model(mt) or "groups" in md or "reqs" in md:
+            or not (_MODEL_TYPES.get(mt) or _pool_model(mt)) or "groups" in md or "reqs" in md:
         return None                       # not the pool level: the cache-level checks would read more
     result, expected = ctx.result, ctx.expected
     t = type(op)
@@ -120,12 +120,10 @@ def _clean(ctx: Any) -> Optional[tuple]:
     usable = obs.usable_ids()
     if type(usable) is not range:
         return None  # shape (a null block inside the pool)
-    if mt.held is PoolModel.held:         # (inlined ``not model.held()``: no usable block with a ref count)
-        quiet = True
-        for b in model.usable():
-            if ref[b] > 0:
-                quiet = False
-                break
+    if mt.held is PoolModel.held and mt.usable is PoolModel.usable and (model.null is None or model.null == 0):
+        # (inlined ``not model.held()``: no usable block with a ref count, the usable
+        # blocks being ``range(1 or 0, n)`` here; max() walks the list in C)
+        quiet = max(ref[1 if model.null == 0 else 0:], default=0) <= 0
     else:
         quiet = not model.held()
     hashes = ctx.hashes

@@ -74,28 +74,41 @@ def observe_pool(pool: Any, requests: Optional[dict] = None) -> Observation:
     else:
         tail = getattr(q, "tail", None) or getattr(q, "fake_free_list_tail")
         queue, problems = [], []
+        push = queue.append
         prev, cur = head, head.next_free_block
-        while cur is not None and cur is not tail and len(queue) <= limit:
+        walked = 0   # (a count, not len(queue) per link: this walk runs after every step)
+        while cur is not None and cur is not tail and walked <= limit:
             if cur.prev_free_block is not prev:
                 problems.append(f"block {cur.block_id}'s prev link does not point at the block before it")
-            queue.append(cur.block_id)
+            push(cur.block_id)
+            walked += 1
             prev, cur = cur, cur.next_free_block
         if cur is None:
             problems.append("the walk fell off the list before reaching the tail sentinel")
-        elif len(queue) > limit:
+        elif walked > limit:
             problems.append("the walk does not end: the links form a cycle")
         elif tail.prev_free_block is not prev:
             problems.append("the tail sentinel's prev link does not point at the last block")
-    # One pass over the blocks: each block's shared BlockState (see _block_state), and
-    # I1's other half: a block out of the queue keeps no links into it.
+    # One pass over the blocks: each block's shared BlockState (see _block_state: looked
+    # up inline here, the call made only on a miss), and I1's other half: a block out of
+    # the queue keeps no links into it.
     queued = set(queue)
     states = []
+    add = states.append
+    shared = _BLOCK_STATES.get
     linked = None
     for b in pool.blocks:
-        i = b.block_id
-        q_ = i in queued
-        states.append(_block_state(b.ref_cnt, b.block_hash, q_))
+        q_ = b.block_id in queued
+        ref, h = b.ref_cnt, b.block_hash
+        try:
+            st = shared((ref, h, q_))
+        except TypeError:   # an unhashable hash value
+            st = None
+        if st is None or st.ref.__class__ is not ref.__class__:
+            st = _block_state(ref, h, q_)
+        add(st)
         if not q_ and linked is None:
+            i = b.block_id
             try:
                 out_linked = b.prev_free_block is not None or b.next_free_block is not None
             except AttributeError:   # a block class without link attributes
@@ -166,7 +179,11 @@ def _block_state(ref: Any, h: Any, queued: bool) -> BlockState:
     return st
 
 
-_OBS_FIELDS = ("blocks", "queue", "index", "free_count", "null_block", "requests", "queue_problems")
+# Every field of Observation, in order. A field added to the class and not here turns the
+# fast path off (it went unnoticed once: ``found`` made every observation of a search
+# take the frozen constructor, a fifth more instructions per observation);
+# tests/test_mc.py holds the two paths to the same objects and checks the path is on.
+_OBS_FIELDS = ("blocks", "queue", "index", "free_count", "null_block", "requests", "queue_problems", "found")
 
 
 _OBS_FAST = tuple(f.name for f in dataclasses.fields(Observation)) == _OBS_FIELDS and \
@@ -179,7 +196,7 @@ def _observation(blocks, queue, index, free_count, null, requests, problems) -> 
                            requests=requests, queue_problems=problems)
     o = object.__new__(Observation)
     o.__dict__.update(blocks=blocks, queue=queue, index=index, free_count=free_count, null_block=null,
-                      requests=requests, queue_problems=problems)
+                      requests=requests, queue_problems=problems, found=())
     return o
 
 
