@@ -223,7 +223,7 @@ class Session:
         self.target = target
         self.config = config
         self.traits = target.traits
-        self.op_timeout = watchdog.default()  # seconds per target call (--op-timeout); None: no limit
+        self.op_timeout = watchdog.default()  # seconds per target call (--op-timeout; an op and the read of the state after it count as one); None: no limit
         self.output = Tail()  # what the target printed during this session's calls
         self._streams = streams(self.output)
         watchdog.note_sigint()  # so that a target's own KeyboardInterrupt can be told from a Ctrl-C
@@ -350,8 +350,18 @@ class Session:
                 i = len(self.steps)
                 self._replaying = [b for b in self._replaying if len(b) > i and b[i] == op]
                 limit = self._limit()
+        # Where the state is read in full right after the op (not incremental, not following
+        # the target's choice), one guarded call does both: a step sets up the guard (streams,
+        # os._exit, the deadline) once, not twice (a tenth of a model checker's transition);
+        # the op timeout then bounds the op and the reading of its state together.
+        both = live is None and not self._follow
+        obs: Optional[Observation] = None
+        obs_error: Optional[BaseException] = None
         try:
-            result = self._call(limit, self.driver.apply, op)
+            if both:
+                result, error, obs, obs_error = self._call(limit, self._op_then_state, op)
+            else:
+                result = self._call(limit, self.driver.apply, op)
         except OpTimeout as t:
             return self._hung(op, t)
         except _Escaped as x:
@@ -359,11 +369,15 @@ class Session:
         except TargetError:
             raise  # the adapter could not build the target's inputs or read its state: not a finding
         except Exception as e:  # the target's own failure is a finding, not ours
-            why = _binding_error(e)
+            error = e
+        if error is not None:
+            why = _binding_error(error)
             if why:
                 raise TargetError(why) from None  # kvspec's own call did not fit the class: not a finding
-            error = e
-        obs: Optional[Observation] = None
+        if both and obs is None:   # reading the state failed: the last observation stands in (as _observe)
+            obs = self.obs
+            if error is None:
+                error = obs_error
         if self._follow and misuse is None and error is None:
             # free order "any": the model takes the blocks the target took, read off it now
             obs, error, ended = self._observe(op, limit, error)
@@ -418,6 +432,26 @@ class Session:
             else:
                 self._live = None
         return self._with_output(found) if found else found
+
+    def _op_then_state(self, op: Op) -> tuple:
+        """``driver.apply(op)``, then ``driver.observe()``, run by ``apply`` as one guarded
+        call: (result, the op's error, the observation or None, the observer's error). A
+        target's exception is returned, as ``apply`` and ``_observe`` treat one; a TargetError
+        (kvspec's adapter could not do its part) and a BaseException (a timeout, an exit)
+        go through."""
+        result = error = None
+        try:
+            result = self.driver.apply(op)
+        except TargetError:
+            raise
+        except Exception as e:
+            error = e
+        try:
+            return result, error, self.driver.observe(), None
+        except TargetError:
+            raise
+        except Exception as e:
+            return result, error, None, e
 
     def _observe(self, op: Op, limit: Optional[float], error: Optional[BaseException]):
         """The target's state after ``op``: (observation, error, None), the error being the
