@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,17 @@ def test_bench_refuses_a_target_without_pool_level(capsys, tmp_path):
         bench(mod.T(), 100)
     assert main(["bench", "--ops", "0"]) == 2
     assert "--ops must be positive" in capsys.readouterr().err
+
+
+def test_mc_instructions_says_in_one_line_that_it_needs_valgrind(monkeypatch, capsys, tmp_path):
+    """benchmarks/mc_instructions.py counts instructions under valgrind; without it, one line and exit 2."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "mc_instructions.py"
+    spec = importlib.util.spec_from_file_location("mc_instructions", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("PATH", str(tmp_path))   # an empty folder: no valgrind on it
+    assert mod.main(["--config", "pool:2:1:nosym"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mc_instructions: needs valgrind on PATH"]
