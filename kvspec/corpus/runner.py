@@ -116,7 +116,7 @@ def warm_up(target_spec: str, kv_groups: Optional[str] = None) -> None:
     target, its outcome ignored: about 0.2 s of every trial's time to failure on this
     machine (benchmarks/bench_ttf.py, 2026-11-29), where most bugs take under 0.5 s. The
     draws do not depend on it (every batch is seeded)."""
-    from kvspec.check.search import LevelSearch, draws_independent_of_loaded_modules  # noqa: F401
+    from kvspec.check.search import LevelSearch
     from kvspec.targets.registry import load_target
 
     target = load_target(target_spec)
