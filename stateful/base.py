@@ -4,6 +4,7 @@ bookkeeping for robustness findings on targets that document no misuse defence."
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Callable, Optional
 
 from hypothesis.stateful import RuleBasedStateMachine
@@ -16,6 +17,25 @@ from kvspec.check.coverage import note_op
 from kvspec.check.session import Session
 from kvspec.targets.base import Target
 from kvspec.spec.violation import Violation, signature
+
+
+# Strategies built once per argument (bounded caches): a strategy built per draw is
+# validated and labelled again each time, which cost more than the draw (about a tenth of
+# a cache-level example, benchmarks/bench_ttf.py). A strategy drawn from is not changed
+# by the draw, so the choices, their labels and every example are the same as before.
+@lru_cache(maxsize=4096)
+def sampled(items: tuple) -> st.SearchStrategy:
+    """``st.sampled_from(items)``, once per tuple of items."""
+    return st.sampled_from(items)
+
+
+@lru_cache(maxsize=1024)
+def ints(lo: int, hi: int) -> st.SearchStrategy:
+    """``st.integers(lo, hi)``, once per range."""
+    return st.integers(lo, hi)
+
+
+_CACHING = st.sampled_from((True, True, True, False))
 
 
 class InvariantViolation(AssertionError):
@@ -91,7 +111,7 @@ class KVMachine(RuleBasedStateMachine):
         modes = getattr(self.target.traits, "caching_modes", (True,))
         if len(modes) == 1:
             return modes[0]  # nothing drawn: a one-mode target's examples stay as they were
-        return data.draw(st.sampled_from((True, True, True, False)), label="caching")
+        return data.draw(_CACHING, label="caching")
 
     def start(self, config: Config) -> None:
         self.session = Session(self.target, config)

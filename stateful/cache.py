@@ -17,7 +17,7 @@ from kvspec.spec.config import Config
 from kvspec.spec.ops import Admit, Finish, Prefill, Preempt, Step, Verify
 from kvspec.targets.base import Target
 
-from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
+from kvspec.stateful.base import KVMachine, RobustnessSink, ints, machine_class_name, sampled
 
 MAX_LIVE = 4   # requests alive at once
 NUM_CHUNKS = 3
@@ -116,6 +116,21 @@ _MAX_MODEL_LEN = st.integers(3, 16)
 _SMALL = st.integers(1, 4)
 
 
+_EXAMPLE_KIND = st.sampled_from(EXAMPLE_KINDS)
+_FEATURE_ON = st.sampled_from(FEATURE_ON)
+
+
+@lru_cache(maxsize=None)  # one strategy per block size: building it per draw is slow
+def _tokens(block_size: int) -> st.SearchStrategy:
+    """Every token of the chunks (a step's token, a draft)."""
+    return st.sampled_from([t for c in chunk_tokens(block_size) for t in c])
+
+
+@lru_cache(maxsize=None)
+def _at_least(strategy: st.SearchStrategy, lo: int) -> st.SearchStrategy:
+    return strategy.filter(lambda b: b >= lo)
+
+
 @lru_cache(maxsize=None)
 def drawable(missing: frozenset) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The hybrid group specs and identity pairs (extra-key labels) a target lacking
@@ -185,7 +200,7 @@ class CacheMachine(KVMachine):
     def setup(self, data):
         n = data.draw(self.sizes, label="num_blocks")
         lo = getattr(self.target.traits, "min_block_size", 1)  # below it: outside the target's contract
-        bs = data.draw(self.block_sizes.filter(lambda b: b >= lo), label="block_size")
+        bs = data.draw(_at_least(self.block_sizes, lo), label="block_size")
         self.next_id = 1
         extra = {}
         self.enabled: frozenset = frozenset()
@@ -194,14 +209,14 @@ class CacheMachine(KVMachine):
             spec = "full"
             family = layout_family(self.kv_groups)
             if family:
-                spec = whole_block_chunks(data.draw(st.sampled_from(family_layouts(family, self._missing)),
+                spec = whole_block_chunks(data.draw(sampled(family_layouts(family, self._missing)),
                                                     label="kv_groups"), bs)
             elif "groups" in self.enabled:
-                spec = whole_block_chunks(data.draw(st.sampled_from(self._drawable[0]), label="kv_groups"), bs)
+                spec = whole_block_chunks(data.draw(sampled(self._drawable[0]), label="kv_groups"), bs)
             extra["kv_groups"] = spec if family else self.kv_groups or spec
             extra["max_model_len"] = (data.draw(_MAX_MODEL_LEN, label="max_model_len")
                                       if "max_model_len" in self.enabled else None)
-            self.identities = (data.draw(st.sampled_from(self._drawable[1]), label="identity pair")
+            self.identities = (data.draw(sampled(self._drawable[1]), label="identity pair")
                                if "extra" in self.enabled else None)
         elif self.kv_groups is not None:
             extra["kv_groups"] = self.kv_groups
@@ -248,10 +263,10 @@ class CacheMachine(KVMachine):
 
     def draw_enabled(self, data) -> frozenset:
         """The features this example exercises (swarm testing: see ``EXAMPLE_KINDS``)."""
-        if data.draw(st.sampled_from(EXAMPLE_KINDS), label="example kind") == "plain":
+        if data.draw(_EXAMPLE_KIND, label="example kind") == "plain":
             return frozenset()
         wanted = [f for f in FEATURES if self._can(f)]
-        on = st.sampled_from(FEATURE_ON)
+        on = _FEATURE_ON
         return frozenset(f for f in wanted if data.draw(on, label=f"feature {f}"))
 
     def _admit_options(self, data, n: int, new: bool) -> dict:
@@ -288,30 +303,30 @@ class CacheMachine(KVMachine):
     @precondition(lambda self: self.session and self.m.waiting())
     @rule(data=st.data())
     def admit_waiting(self, data):
-        rid = data.draw(st.sampled_from(self.m.waiting()), label="req")
+        rid = data.draw(sampled(tuple(self.m.waiting())), label="req")
         self.run(Admit(rid, **self._admit_options(data, len(self.m.reqs[rid].tokens), False)))
 
     @precondition(lambda self: self.session and self._steppable())
     @rule(data=st.data())
     def step(self, data):
-        rid = data.draw(st.sampled_from(self._steppable()), label="req")
-        tokens = [t for c in chunk_tokens(self.session.config.block_size) for t in c]
-        token = data.draw(st.sampled_from(tokens), label="token")
+        rid = data.draw(sampled(tuple(self._steppable())), label="req")
+        tokens = _tokens(self.session.config.block_size)
+        token = data.draw(tokens, label="token")
         drafts = ()
         if "drafts" in self.enabled:
             k = data.draw(_DRAFT_COUNT, label="drafts")
-            drafts = tuple(data.draw(st.sampled_from(tokens), label="draft") for _ in range(k))
+            drafts = tuple(data.draw(tokens, label="draft") for _ in range(k))
         self.run(Step(rid, token, drafts))
 
     @precondition(lambda self: self.session and self.m.running())
     @rule(data=st.data())
     def preempt(self, data):
-        self.run(Preempt(data.draw(st.sampled_from(self.m.running()), label="req")))
+        self.run(Preempt(data.draw(sampled(tuple(self.m.running())), label="req")))
 
     @precondition(lambda self: self.session and self.m.reqs)
     @rule(data=st.data())
     def finish(self, data):
-        self.run(Finish(data.draw(st.sampled_from(sorted(self.m.reqs)), label="req")))
+        self.run(Finish(data.draw(sampled(tuple(sorted(self.m.reqs))), label="req")))
 
     # -- misuse ----------------------------------------------------------------------
     @precondition(lambda self: self.misuse and self.session is not None)
@@ -375,14 +390,14 @@ class FeatureCacheMachine(CacheMachine):
     @precondition(lambda self: self.session and self.features and self.m.prefilling())
     @rule(data=st.data())
     def prefill(self, data):
-        rid = data.draw(st.sampled_from(self.m.prefilling()), label="req")
+        rid = data.draw(sampled(tuple(self.m.prefilling())), label="req")
         self.run(Prefill(rid, data.draw(_SMALL, label="n")))
 
     @precondition(lambda self: self.session and self.features and self.m.drafting())
     @rule(data=st.data())
     def verify(self, data):
-        rid = data.draw(st.sampled_from(self.m.drafting()), label="req")
-        self.run(Verify(rid, data.draw(st.integers(0, len(self.m.reqs[rid].drafts)), label="accepted")))
+        rid = data.draw(sampled(tuple(self.m.drafting())), label="req")
+        self.run(Verify(rid, data.draw(ints(0, len(self.m.reqs[rid].drafts)), label="accepted")))
 
 
 def cache_machine(target: Target, misuse: bool = False, on_robustness: Optional[RobustnessSink] = None,

@@ -2,6 +2,7 @@
 look up and reset, on small pools, against any target."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 from hypothesis import strategies as st
@@ -11,13 +12,23 @@ from kvspec.spec.config import Config
 from kvspec.spec.ops import Alloc, Cache, CachePartial, Free, FreeForeign, Lookup, Reset, Touch
 from kvspec.targets.base import Target
 
-from kvspec.stateful.base import KVMachine, RobustnessSink, machine_class_name
+from kvspec.stateful.base import KVMachine, RobustnessSink, ints, machine_class_name, sampled
 
 LABELS = ("a", "b", "c", "d", "e")  # few labels, so equal hashes on different blocks happen
 
 
 def _ordered_subset(items: list[int]):
+    return _subset_of(tuple(items))
+
+
+@lru_cache(maxsize=4096)  # built once per tuple of items (stateful.base.sampled)
+def _subset_of(items: tuple) -> st.SearchStrategy:
     return st.lists(st.sampled_from(items), min_size=1, max_size=len(items), unique=True)
+
+
+@lru_cache(maxsize=64)
+def _labels(n: int) -> st.SearchStrategy:
+    return st.lists(st.sampled_from(LABELS), min_size=n, max_size=n)
 
 
 class PoolMachine(KVMachine):
@@ -35,7 +46,7 @@ class PoolMachine(KVMachine):
     @precondition(lambda self: self.session and self.m.free_count() > 0)
     @rule(data=st.data())
     def alloc(self, data):
-        self.run(Alloc(data.draw(st.integers(1, self.m.free_count()), label="n")))
+        self.run(Alloc(data.draw(ints(1, self.m.free_count()), label="n")))
 
     @precondition(lambda self: self.session and self.m.held())
     @rule(data=st.data())
@@ -45,8 +56,8 @@ class PoolMachine(KVMachine):
         # freeing two requests' shared block at once does: one free_blocks([b, b]) that
         # must queue it once (vLLM #42571). Drawn only where such a block is freed.
         shared = [b for b in blocks if self.m.ref[b] > 1]
-        if shared and data.draw(st.integers(0, 3), label="release twice") == 0:   # one in four: the rest of the search keeps its pace
-            b = data.draw(st.sampled_from(shared), label="twice")
+        if shared and data.draw(ints(0, 3), label="release twice") == 0:   # one in four: the rest of the search keeps its pace
+            b = data.draw(sampled(tuple(shared)), label="twice")
             blocks.insert(blocks.index(b) + 1, b)
         self.run(Free(tuple(blocks)))
 
@@ -62,7 +73,7 @@ class PoolMachine(KVMachine):
     def cache(self, data):
         fresh = [b for b in self.m.held() if self.m.hash[b] is None]
         blocks = data.draw(_ordered_subset(fresh), label="blocks")
-        labels = data.draw(st.lists(st.sampled_from(LABELS), min_size=len(blocks), max_size=len(blocks)), label="hashes")
+        labels = data.draw(_labels(len(blocks)), label="hashes")
         self.run(Cache(tuple(blocks), tuple(labels)))
 
     @precondition(lambda self: self.session is not None and self.supports("Lookup"))

@@ -224,6 +224,24 @@ def _levels(target: Target, level: str) -> list[str]:
     return [level]
 
 
+def search_order(levels: list[str], round_: int) -> list[str]:
+    """The order of the levels in round ``round_`` of the round-robin: in the first, the
+    cache level first; from the second on, as given (the pool level first).
+
+    The cache level drives the same pool through the request API, so it meets most
+    pool-level bugs too, within its first batch (impl's corpus, reports/patches.md,
+    2026-11-29: 8 to 20 cache examples), and only it sees the request-level ones: with the
+    pool level first, every one of those waited out a pool batch (half of its time to
+    failure). The order of the later rounds puts every later batch of either level
+    exactly where it was (pool batch k, k >= 2, after k - 1 cache batches; cache batch k
+    after k pool batches): only the first pool batch waits one cache batch, so a bug
+    that only the pool level sees (a reset of the prefix cache) and that only needs many
+    pool examples is no later than before."""
+    if round_ == 0:
+        return sorted(levels, key=lambda lvl: lvl != "cache")   # stable: the rest keep their order
+    return list(levels)
+
+
 def _settings(n_steps: int, max_examples: int = EXAMPLES_PER_BATCH, database: Optional[str] = None) -> settings:
     # Generation only: Hypothesis finds these bugs in tens of milliseconds but spends
     # seconds shrinking, and its shrunk sequences are rarely the shortest anyway.
@@ -421,11 +439,14 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
 
     try:
         with Progress(progress, budget) as prog:
-            # Round-robin over the levels, one batch at a time, so a bug that only one
-            # level can see is found as fast as one that both can; after a finding, on with
-            # its signatures excluded, until max_findings (the docstring).
+            # Round-robin over the levels, one batch at a time (the cache level first in the
+            # first round: search_order), so a bug that only one level can see is found as fast
+            # as one that both can; after a finding, on with its signatures excluded, until
+            # max_findings (the docstring).
+            round_ = 0
             while more():
-                for search in searches:
+                by_level = {x.level: x for x in searches}
+                for search in [by_level[lvl] for lvl in search_order(levels, round_)]:
                     # Deterministic mode: the last batches shrink so the run stops near N (Hypothesis
                     # may run a few more examples than asked, discarded ones included: those count too).
                     n = int(min(EXAMPLES_PER_BATCH, left()))
@@ -442,6 +463,7 @@ def run_check(target: Target, target_spec: str, *, patch: Optional[str] = None, 
                         report.violations.append(found)
                         if not more():
                             break
+                round_ += 1
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: report what was reached, marked incomplete
         report.interrupted = _signal_name(e)
     report.seconds = time.monotonic() - start

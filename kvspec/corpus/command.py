@@ -85,6 +85,9 @@ def cmd_patches(args) -> int:
     # Import what the workers need before forking, so each starts warm.
     from kvspec.check import minimize, search  # noqa: F401
     from kvspec.mc import search as mc_search  # noqa: F401
+    if getattr(args, "level", "all") != "engine":
+        from kvspec.corpus.runner import warm_up
+        warm_up(args.target, getattr(args, "kv_groups", None))
 
     hard = args.timeout + HARD_MARGIN_S
     first = getattr(args, "first_seed", 0) or 0

@@ -117,7 +117,8 @@ def markdown(doc: dict, png: Optional[str]) -> str:
            "it; a run rewrites its own target's section of this file, of `patches.json` and of `patches_ttf.png`).", "",
            "**Method** (as the ETNA benchmark measures property-based testing): every (patch, seed) pair is one trial, "
            "run in its own process with a timeout. A trial applies the patch to a temporary copy of the target's "
-           "sources and runs `kvspec check` on it (`run_check`: pool and cache level round-robin, valid use, "
+           "sources and runs `kvspec check` on it (`run_check`: pool and cache level round-robin, the cache level "
+           "first in the first round, valid use, "
            "`--seed` = the trial's seed, `--budget` = the timeout). *Killed*: kvspec check reported a violation. "
            "*Time to failure* (ttf): search time to the first violation (process start-up, patching and "
            "minimization excluded). *Repro*: the length of the minimized repro kvspec check prints (ddmin, then the "

@@ -107,6 +107,28 @@ def shortest_failing(target, config, steps, invariant: str, budget_s: float = MI
     return None, False
 
 
+def warm_up(target_spec: str, kv_groups: Optional[str] = None) -> None:
+    """Do once, in the parent before it forks the workers, what each trial's search
+    otherwise does first in its cold process, on the clock: import the machines
+    (``kvspec.stateful``), build Hypothesis's state-machine test and strategies, seed and
+    register its PRNGs (importing numpy's, with a ``gc.collect``), digest the test's
+    source. One batch of one example per level (pool and cache) on the unpatched
+    target, its outcome ignored: about 0.2 s of every trial's time to failure on this
+    machine (benchmarks/bench_ttf.py, 2026-11-29), where most bugs take under 0.5 s. The
+    draws do not depend on it (every batch is seeded)."""
+    from kvspec.check.search import LevelSearch
+    from kvspec.targets.registry import load_target
+
+    target = load_target(target_spec)
+    for level in target.traits.levels:
+        if level not in ("pool", "cache"):
+            continue
+        try:
+            LevelSearch(target, level, misuse=False, seed=0, kv_groups=kv_groups).run_batch(1)
+        except Exception:  # best effort: a trial that needs it pays for it itself, as before
+            pass
+
+
 def run_trial(task: dict) -> dict:
     """One (patch, seed) pair: load the patched target, ``run_check`` with
     ``budget=timeout``, report what it found. Runs inside the worker process."""
