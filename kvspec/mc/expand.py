@@ -65,8 +65,7 @@ class Expander:
                 cap()
                 s = fk.load(saved, obs)   # each op from the saved state
             if checker is not None:
-                checker.ctx = None             # (StepChecker.reset, inline: once per transition)
-                checker.last_comparable = False
+                checker.reset()
             found = s.apply(op, misuses[i])
             if found and checker is not None:
                 found = checker.state_violations() or found   # a failing step: every check, as check_step
