@@ -3,6 +3,7 @@
 
     python benchmarks/mc_largest.py [--cap 60] [--before 01dae75] [--levels pool,cache,hybrid]
                                     [--out reports] [--ladder-max N] [--render JSON]
+                                    [--workers N] [--calibrate pool:5:8|none]
 
 For each level (pool; cache; cache with ``--kv-groups full,swa:4``, "hybrid") a ladder
 of configurations of increasing size (usable blocks, depth) is run, each one in a fresh
@@ -20,7 +21,11 @@ revision cannot run (a flag it lacks) is marked so. Writes ``<out>/mc_largest.md
 ``<out>/mc_largest.json`` with the command line (another cap than 60 s:
 ``mc_largest_<cap>s.md`` and ``.json``, so that the 60 s and the 10 min reports stay
 side by side). Timings are wall-clock: run it on a
-quiet machine (the load average before each run is recorded).
+quiet machine (the load average before each run is recorded). The seconds also depend
+on the machine: ``--calibrate`` (default pool 5 blocks, depth 8) first times one fixed
+search, so that a report from another day can be scaled (this machine's same code ran
+it 2.4x slower on 2026-11-29 than on 2026-11-24). ``--workers N`` runs every rung as
+``kvspec mc --workers N`` (the cap stays wall-clock).
 """
 from __future__ import annotations
 
@@ -64,10 +69,12 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
-def run_one(root: Path, level: str, blocks: int, depth: int, cap: float) -> dict:
+def run_one(root: Path, level: str, blocks: int, depth: int, cap: float, workers: int = 1) -> dict:
     spec = LADDERS[level]
     argv = ["mc", "--target", "impl", *spec["args"], "--blocks", str(blocks),
             "--depth", str(depth or WHOLE_DEPTH), "--time-cap", str(cap), "--mem-cap", str(MEM_CAP_GIB), "--json"]
+    if workers > 1:   # (only then: an older revision may lack the flag)
+        argv += ["--workers", str(workers)]
     load = os.getloadavg()[0]
     t0 = time.monotonic()
     try:
@@ -84,7 +91,7 @@ def run_one(root: Path, level: str, blocks: int, depth: int, cap: float) -> dict
                 "load": load}
     r = json.loads(lines[-1])
     ok = r.get("verdict") == "pass" and r.get("seconds", cap + 1) <= cap
-    return {"blocks": blocks, "depth": depth, "ok": ok, "verdict": r.get("verdict"), "states": r.get("states"),
+    return {"blocks": blocks, "depth": depth, "workers": workers, "ok": ok, "verdict": r.get("verdict"), "states": r.get("states"),
             "transitions": r.get("transitions"), "seconds": r.get("seconds"), "exhausted": r.get("exhausted"),
             "wall_s": round(wall, 2), "reason": r.get("reason"), "load": load,
             "peak_rss_mib": r.get("peak_rss_mib"), "seen_bytes": r.get("seen_bytes"),
@@ -93,13 +100,13 @@ def run_one(root: Path, level: str, blocks: int, depth: int, cap: float) -> dict
 
 
 def ladder(root: Path, level: str, cap: float, most: Optional[int], tag: str,
-           start: Optional[tuple[int, int]] = None) -> list[dict]:
+           start: Optional[tuple[int, int]] = None, workers: int = 1) -> list[dict]:
     rungs = LADDERS[level]["ladder"]
     if start is not None:   # (--start: the smaller rungs are skipped)
         rungs = rungs[rungs.index(start):]
     out = []
     for blocks, depth in rungs[:most]:
-        r = run_one(root, level, blocks, depth, cap)
+        r = run_one(root, level, blocks, depth, cap, workers)
         out.append(r)
         print(f"[mc_largest] {tag} {level} blocks {blocks} depth {depth or 'whole'}: "
               f"{'ok' if r['ok'] else 'no'} {r.get('states')} states {r.get('seconds')} s {r.get('note') or ''}",
@@ -154,6 +161,11 @@ def markdown(data: dict) -> str:
          f"the whole reachable space where the depth is 'whole'), and within a memory cap of {MEM_CAP_GIB} GiB "
          f"on what the search grows (`--mem-cap {MEM_CAP_GIB}`). A ladder stops at its first configuration "
          f"that does not; the last column of the table of runs says why it stopped.", ""]
+    c = data.get("calibration")
+    if c:
+        L += [f"Calibration: {c['level']} level, {c['blocks']} blocks, depth {c['depth'] or 'whole'} (one process, "
+              f"this checkout) took {c['seconds']} s for {c['states'] or 0:,} states at load {c['load']:.2f}: a fixed search, "
+              f"so the seconds of reports from other days or machines scale by its ratio.", ""]
     revs = [k for k in ("before", "after") if k in data["runs"]]
     L += ["| level | " + " | ".join(f"{k} ({data['revs'][k]})" for k in revs) + " |",
           "|---|" + "---|" * len(revs)]
@@ -169,12 +181,12 @@ def markdown(data: dict) -> str:
               "admissions, Prefill, drafts and Verify (issue 11). Compare those rows by states per "
               "second in the table below, not by configuration size."]
     L += ["", "### Every run", "",
-          "| rev | level | blocks | depth | verdict | states | search s | peak RSS MiB | seen set MiB | load | stopped by |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
+          "| rev | level | blocks | depth | workers | verdict | states | search s | peak RSS MiB | seen set MiB | load | stopped by |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k in revs:
         for level in data["levels"]:
             for r in data["runs"][k].get(level, []):
-                L.append(f"| {k} | {level} | {r['blocks']} | {r['depth'] or 'whole'} | "
+                L.append(f"| {k} | {level} | {r['blocks']} | {r['depth'] or 'whole'} | {r.get('workers', 1)} | "
                          f"{r.get('verdict') or r.get('note')} | {r.get('states') or ''} | {r.get('seconds') or ''} | "
                          f"{_mib(r.get('peak_rss_mib'), 1)} | {_mib(r.get('seen_bytes'), 2 ** 20)} | {r['load']:.2f} | {'' if r['ok'] else (r.get('reason') or r.get('note') or '')} |")
     if data.get("notes"):
@@ -190,6 +202,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ladder-max", type=int, default=None, help="at most this many rungs per ladder (a quick try)")
     ap.add_argument("--start", default="",
                     help="start ladders at these rungs, e.g. pool:8:12,cache:8:10,hybrid:6:6 (depth 0: whole)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="kvspec mc --workers N for every configuration (1: one process; the cap is wall-clock)")
+    ap.add_argument("--calibrate", default="pool:5:8", metavar="LEVEL:BLOCKS:DEPTH",
+                    help="first run this rung once, one process, and record its seconds: the same work on every "
+                         "day and machine, so reports taken on different days can be scaled ('none': skip)")
     ap.add_argument("--out", default="reports")
     ap.add_argument("--render", metavar="JSON", default=None,
                     help="only write the Markdown report again from a JSON file this script wrote")
@@ -206,6 +223,15 @@ def main(argv: Optional[list[str]] = None) -> int:
         start = {lv: (int(b), int(d)) for lv, b, d in (x.split(":") for x in a.start.split(",") if x)}
     except ValueError:
         ap.error(f"--start {a.start!r}: level:blocks:depth,...")
+    calib: Optional[tuple[str, int, int]] = None
+    if a.calibrate != "none":
+        try:
+            lv, b, d = a.calibrate.split(":")
+            calib = (lv, int(b), int(d))
+        except ValueError:
+            ap.error(f"--calibrate {a.calibrate!r}: level:blocks:depth, or none")
+        if calib[0] not in LADDERS:
+            ap.error(f"--calibrate: unknown level {calib[0]!r}")
     bad = [f"{lv}:{b}:{d}" for lv, (b, d) in start.items() if lv not in LADDERS or (b, d) not in LADDERS[lv]["ladder"]]
     if bad:
         ap.error(f"--start: no such rung(s) {bad}")
@@ -224,8 +250,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         data["revs"]["before"] = a.before
     trees.append(("after", ROOT, None))
     try:
+        if calib is not None:   # (this checkout's code: what the day's machine gives on a fixed search)
+            r = run_one(ROOT, *calib, a.cap)
+            data["calibration"] = {"level": calib[0], "blocks": calib[1], "depth": calib[2], "states": r.get("states"),
+                                   "seconds": r.get("seconds"), "load": r["load"], "ok": r["ok"]}
         for tag, root, _ in trees:
-            data["runs"][tag] = {lv: ladder(root, lv, a.cap, a.ladder_max, tag, start.get(lv)) for lv in levels}
+            data["runs"][tag] = {lv: ladder(root, lv, a.cap, a.ladder_max, tag, start.get(lv), a.workers) for lv in levels}
     finally:
         for _, _, drop in trees:
             if drop is not None:
