@@ -164,6 +164,47 @@ def test_a_failing_worker_is_reported_not_lost(impl, tiny_chunks, monkeypatch):
         model_check(impl, pool(4), 5, workers=2)
 
 
+def test_a_capped_worker_sends_keys_without_states(impl, tiny_chunks, monkeypatch):
+    """A share stopped by a cap ends the level incomplete, so its new states are never
+    expanded: they come back as keys and counts only (at a large level the saved states
+    were gigabytes, and sending them kept a capped search running minutes past its cap)."""
+    from kvspec.mc import parallel
+    real_expand, real_level = parallel._expand, parallel.run_level
+    seen_results = []
+
+    def expand(lo, hi, local):
+        r = real_expand(lo, hi, local)
+        if parallel._LEVEL["in_child"] and any(k == parallel.NEW for _, _, _, k, _ in r["records"]):
+            r["timeout"], r["reason"] = True, "time cap (test)"   # as a CapReached in the worker
+        return r
+
+    def run_level(*a, **kw):
+        results, k = real_level(*a, **kw)
+        seen_results.append(results)
+        return results, k
+
+    monkeypatch.setattr(parallel, "_expand", expand)
+    monkeypatch.setattr(parallel, "run_level", run_level)
+    r = model_check(impl, pool(4), 5, workers=2)
+    assert r.verdict == "incomplete" and r.reason == "time cap (test)"
+    capped = [c for c in seen_results[-1] if c["timeout"] and c["records"]]
+    new = [pl for c in capped for _, _, _, kind, pl in c["records"] if kind == parallel.NEW]
+    assert new and all(pl[2] is None for pl in new)
+
+
+def test_a_worker_closes_the_read_ends_it_inherits(monkeypatch):
+    """So that a worker whose search died gets an error on sending, instead of blocking
+    forever on a full pipe that its own copy of the read end keeps open."""
+    import multiprocessing
+    from kvspec.mc import parallel
+    monkeypatch.setattr(parallel, "_share", lambda: {"chunks": {}})
+    recv, send = multiprocessing.Pipe(duplex=False)
+    other, _ = multiprocessing.Pipe(duplex=False)
+    parallel._worker(send, [other])
+    assert other.closed and recv.recv() == ("ok", {"chunks": {}})
+    parallel._LEVEL.clear()
+
+
 def test_the_default_split_keeps_small_levels_in_one_process(impl):
     from kvspec.mc import parallel
     r = model_check(impl, pool(4), 5, workers=2)

@@ -97,6 +97,13 @@ def _share() -> dict:
         if r["found"]:
             with stop.get_lock():
                 stop.value = min(stop.value, c)
+        if r["timeout"]:
+            # The level ends incomplete, so none of its states is expanded: only their
+            # keys and counts go back. Their saved states can be gigabytes at a large
+            # level, and sending them once made a capped search run minutes past its cap.
+            for d in done.values():
+                d["records"] = [(pos, i, op, kind, (pl[0], pl[1], None, pl[3]) if kind == NEW else pl)
+                                for pos, i, op, kind, pl in d["records"]]
         if r["found"] or r["timeout"]:
             break
     return {"chunks": done}
@@ -174,7 +181,9 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, expander:
             procs = []
             for _ in range(k - 1):
                 recv, send = ctx.Pipe(duplex=False)
-                p = ctx.Process(target=_worker, args=(send,), daemon=True)
+                # the worker closes its copies of every read end: if the search dies, its
+                # send then fails at once instead of blocking forever on a full pipe
+                p = ctx.Process(target=_worker, args=(send, [r for _, r in procs] + [recv]), daemon=True)
                 p.start()
                 send.close()
                 procs.append((p, recv))
@@ -199,9 +208,11 @@ def run_level(workers: int, frontier: list, seen: set, unchecked: set, expander:
         _LEVEL.clear()
 
 
-def _worker(send: Any) -> None:
+def _worker(send: Any, read_ends: list) -> None:
     """A forked worker: its share of the level, sent back whole (the states it finds
     travel pickled, see ``_expand``)."""
+    for r in read_ends:   # (inherited by the fork; only the search reads them)
+        r.close()
     _LEVEL["in_child"] = True
     try:
         out: tuple = ("ok", _share())
@@ -254,7 +265,8 @@ def parallel_search(res: Any, workers: int, depth: int, forker: Fork, s0: Sessio
                     unchecked.add(k)
                 pid = parents.append(idx, i)   # (kvspec.mc.trace.ParentLog)
                 res.states += 1
-                nxt.append(None if last else (state[0], state[1], ex2, pid))
+                # (no state: its chunk's share timed out, and this level ends incomplete)
+                nxt.append(None if last or state is None else (state[0], state[1], ex2, pid))
                 if max_states is not None and res.states > max_states:
                     res.reason = f"state cap of {max_states} reached at depth {d}"
                     return "incomplete"
