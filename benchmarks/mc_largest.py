@@ -23,8 +23,8 @@ revision cannot run (a flag it lacks) is marked so. Writes ``<out>/mc_largest.md
 side by side). Timings are wall-clock: run it on a
 quiet machine (the load average before each run is recorded). The seconds also depend
 on the machine: ``--calibrate`` (default pool 5 blocks, depth 8) first times one fixed
-search, so that a report from another day can be scaled (this machine's same code ran
-it 2.4x slower on 2026-11-29 than on 2026-11-24). ``--workers N`` runs every rung as
+search, so that a report from another day can be scaled (one commit ran the same searches
+2.4-2.9x slower here on 2026-11-29 than on 2026-11-24). ``--workers N`` runs every rung as
 ``kvspec mc --workers N`` (the cap stays wall-clock).
 """
 from __future__ import annotations
