@@ -31,3 +31,12 @@ PY
 PYTHONPATH="$work/cython" python "$work/setup.py" "$hot" >/dev/null 2>&1
 echo "compiled: $(find kvspec impl -name '*.so' | wc -l) modules"
 python "$root/benchmarks/mc_instructions.py" --trees "$root,$work/tree" --config "$config" --out "$work/out.md"
+# the two trees must have run the same search: equal states and transitions in the table
+python - "$work/out.md" <<'PY'
+import sys
+rows = [line.split("|") for line in open(sys.argv[1]) if line.startswith("| /")]
+counts = {(r[3].strip(), r[4].strip()) for r in rows}
+if len(rows) != 2 or len(counts) != 1:
+    sys.exit(f"mc_compiled_trial: the compiled tree ran another search: {sorted(counts)}")
+print(f"same search in both trees: {counts.pop()[0]} states")
+PY

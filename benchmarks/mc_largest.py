@@ -194,6 +194,12 @@ def markdown(data: dict) -> str:
     return "\n".join(L) + "\n"
 
 
+def _rung(text: str) -> tuple[str, int, int]:
+    """``level:blocks:depth`` (ValueError when it is not)."""
+    lv, b, d = text.split(":")
+    return lv, int(b), int(d)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cap", type=float, default=60.0, help="seconds of search per configuration (60; 600)")
@@ -220,14 +226,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if bad:
         ap.error(f"unknown level(s) {bad}; choose from {list(LADDERS)}")
     try:
-        start = {lv: (int(b), int(d)) for lv, b, d in (x.split(":") for x in a.start.split(",") if x)}
+        start = {lv: (b, d) for lv, b, d in (_rung(x) for x in a.start.split(",") if x)}
     except ValueError:
         ap.error(f"--start {a.start!r}: level:blocks:depth,...")
     calib: Optional[tuple[str, int, int]] = None
     if a.calibrate != "none":
         try:
-            lv, b, d = a.calibrate.split(":")
-            calib = (lv, int(b), int(d))
+            calib = _rung(a.calibrate)
         except ValueError:
             ap.error(f"--calibrate {a.calibrate!r}: level:blocks:depth, or none")
         if calib[0] not in LADDERS:

@@ -199,10 +199,14 @@ def test_a_worker_closes_the_read_ends_it_inherits(monkeypatch):
     from kvspec.mc import parallel
     monkeypatch.setattr(parallel, "_share", lambda: {"chunks": {}})
     recv, send = multiprocessing.Pipe(duplex=False)
-    other, _ = multiprocessing.Pipe(duplex=False)
-    parallel._worker(send, [other])
-    assert other.closed and recv.recv() == ("ok", {"chunks": {}})
-    parallel._LEVEL.clear()
+    other, other_send = multiprocessing.Pipe(duplex=False)
+    try:
+        parallel._worker(send, [other])
+        assert other.closed and send.closed and recv.recv() == ("ok", {"chunks": {}})
+    finally:
+        parallel._LEVEL.clear()
+        recv.close()
+        other_send.close()
 
 
 def test_the_default_split_keeps_small_levels_in_one_process(impl):
